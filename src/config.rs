@@ -1,0 +1,218 @@
+//! Configuration: command-line flags, each with an environment variable, each
+//! documented here and therefore in `--help`. Durations use the human form
+//! (`30s`, `24h`, `30days`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::domain::Limits;
+use crate::store::StoreOptions;
+
+/// A shared deduplication store over gRPC: claim an event's key, complete it
+/// once, replay the result to every redelivery.
+#[derive(Debug, Parser)]
+#[command(name = "idempotency-service", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub config: Config,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+pub enum Command {
+    /// Serve gRPC (the default when no command is given).
+    Serve,
+    /// Apply the database migrations, then exit.
+    Migrate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// The store. `postgres://user:password@host:5432/db` for PostgreSQL (the
+    /// production store, for several replicas), `sqlite:///path/file.db` for an
+    /// SQLite file. Unset: the embedded SQLite file in --data-dir.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
+
+    /// The folder of the embedded SQLite store (created when missing); used
+    /// when DATABASE_URL is unset.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_DATA_DIR",
+        default_value = "./data",
+        global = true
+    )]
+    pub data_dir: PathBuf,
+
+    /// The gRPC address to listen on.
+    #[arg(long, env = "IDEMPOTENCY_LISTEN_ADDR", default_value = "0.0.0.0:50051")]
+    pub listen_addr: SocketAddr,
+
+    /// The lease length when a Claim or ExtendLease does not name one.
+    #[arg(long, env = "IDEMPOTENCY_DEFAULT_LEASE_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub default_lease_ttl: Duration,
+
+    /// The longest lease a caller may ask for.
+    #[arg(long, env = "IDEMPOTENCY_MAX_LEASE_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub max_lease_ttl: Duration,
+
+    /// How long a result is kept and replayed when neither the Claim nor the
+    /// Complete names a retention: the redelivery window.
+    #[arg(long, env = "IDEMPOTENCY_DEFAULT_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub default_retention: Duration,
+
+    /// The longest retention a caller may ask for.
+    #[arg(long, env = "IDEMPOTENCY_MAX_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
+    pub max_retention: Duration,
+
+    /// The largest response a Complete may store, in bytes.
+    #[arg(long, env = "IDEMPOTENCY_MAX_RESPONSE_BYTES", default_value_t = 1024 * 1024)]
+    pub max_response_bytes: usize,
+
+    /// How often the reaper deletes expired records. Expired records are absent
+    /// to every call at once; the reaper only reclaims their space.
+    #[arg(long, env = "IDEMPOTENCY_REAPER_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub reaper_interval: Duration,
+
+    /// How many expired records the reaper deletes per statement.
+    #[arg(long, env = "IDEMPOTENCY_REAPER_BATCH_SIZE", default_value_t = 1000)]
+    pub reaper_batch_size: u32,
+
+    /// The most database connections this instance opens.
+    #[arg(long, env = "IDEMPOTENCY_DB_POOL_SIZE", default_value_t = 16)]
+    pub db_pool_size: u32,
+
+    /// How long one database operation may take (connecting included) before
+    /// the call fails with UNAVAILABLE.
+    #[arg(long, env = "IDEMPOTENCY_DB_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub db_timeout: Duration,
+
+    /// Run the migrations at start. Turn off when a separate job runs
+    /// `idempotency-service migrate` (the Helm chart does).
+    #[arg(long, env = "IDEMPOTENCY_RUN_MIGRATIONS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub run_migrations: bool,
+
+    /// How often health checks the store.
+    #[arg(long, env = "IDEMPOTENCY_HEALTH_CHECK_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub health_check_interval: Duration,
+
+    /// How long a graceful shutdown waits for calls in flight.
+    #[arg(long, env = "IDEMPOTENCY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Log format. The filter comes from RUST_LOG (default: info).
+    #[arg(long, env = "IDEMPOTENCY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// The configuration with every default, for tests and embedding.
+    pub fn defaults() -> Self {
+        Cli::parse_from(["idempotency-service"]).config
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            default_lease_ttl: self.default_lease_ttl,
+            max_lease_ttl: self.max_lease_ttl,
+            default_retention: self.default_retention,
+            max_retention: self.max_retention,
+            max_response_bytes: self.max_response_bytes,
+        }
+    }
+
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            database_url: self.database_url.clone(),
+            data_dir: self.data_dir.clone(),
+            pool_size: self.db_pool_size,
+            timeout: self.db_timeout,
+        }
+    }
+
+    /// Rejects settings that cannot work together, naming the variable.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let one_second = Duration::from_secs(1);
+        let checks = [
+            (
+                self.max_lease_ttl >= one_second,
+                "IDEMPOTENCY_MAX_LEASE_TTL must be at least 1s",
+            ),
+            (
+                self.max_retention >= one_second,
+                "IDEMPOTENCY_MAX_RETENTION must be at least 1s",
+            ),
+            (
+                (one_second..=self.max_lease_ttl).contains(&self.default_lease_ttl),
+                "IDEMPOTENCY_DEFAULT_LEASE_TTL must lie between 1s and IDEMPOTENCY_MAX_LEASE_TTL",
+            ),
+            (
+                (one_second..=self.max_retention).contains(&self.default_retention),
+                "IDEMPOTENCY_DEFAULT_RETENTION must lie between 1s and IDEMPOTENCY_MAX_RETENTION",
+            ),
+            (
+                !self.reaper_interval.is_zero(),
+                "IDEMPOTENCY_REAPER_INTERVAL must be positive",
+            ),
+            (
+                self.reaper_batch_size > 0,
+                "IDEMPOTENCY_REAPER_BATCH_SIZE must be positive",
+            ),
+            (
+                self.db_pool_size > 0,
+                "IDEMPOTENCY_DB_POOL_SIZE must be positive",
+            ),
+            (
+                !self.db_timeout.is_zero(),
+                "IDEMPOTENCY_DB_TIMEOUT must be positive",
+            ),
+            (
+                !self.health_check_interval.is_zero(),
+                "IDEMPOTENCY_HEALTH_CHECK_INTERVAL must be positive",
+            ),
+        ];
+        match checks.iter().find(|(ok, _)| !ok) {
+            Some((_, message)) => anyhow::bail!("{message}"),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let config = Cli::try_parse_from(["idempotency-service"]).unwrap().config;
+        assert_eq!(config.listen_addr, "0.0.0.0:50051".parse().unwrap());
+        assert_eq!(config.default_lease_ttl, Duration::from_secs(30));
+        assert_eq!(config.max_lease_ttl, Duration::from_secs(3600));
+        assert_eq!(config.default_retention, Duration::from_secs(86_400));
+        assert_eq!(config.max_retention, Duration::from_secs(30 * 86_400));
+        assert_eq!(config.max_response_bytes, 1_048_576);
+        assert_eq!(config.reaper_interval, Duration::from_secs(60));
+        assert!(config.run_migrations);
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn a_default_above_its_maximum_is_refused() {
+        let mut config = Config::defaults();
+        config.default_lease_ttl = Duration::from_secs(7200);
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("IDEMPOTENCY_DEFAULT_LEASE_TTL"), "{error}");
+    }
+}

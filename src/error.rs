@@ -1,0 +1,45 @@
+//! The one error type of the service: what a caller can act on. Each variant's
+//! doc names the gRPC code it becomes; the mapping itself lives in
+//! `grpc::status`, the only place that knows tonic.
+
+use std::borrow::Cow;
+
+/// A boxed cause, kept for the logs and never shown to callers.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `INVALID_ARGUMENT`: a request field is missing, too long or malformed.
+    /// The message names the field; nothing was changed.
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        field: &'static str,
+        reason: Cow<'static, str>,
+    },
+    /// `NOT_FOUND`: no unexpired record for the key.
+    #[error("no unexpired record for this namespace and key")]
+    NotFound,
+    /// `FAILED_PRECONDITION`: the lease token is not the key's current one, or
+    /// the record is in a state that does not allow the call.
+    #[error("{0}")]
+    LeaseMismatch(&'static str),
+    /// `UNAVAILABLE`: the store cannot be reached or is overloaded; retryable.
+    #[error("the store is unavailable; retry with backoff")]
+    Unavailable(#[source] Cause),
+    /// `ABORTED`: the key kept changing under a Claim; retrying is safe.
+    #[error("the key changed repeatedly during the call; retry")]
+    Contended,
+    /// `INTERNAL`: a bug or an unexpected store error. Logged with its cause,
+    /// shown to the caller without it.
+    #[error("internal error")]
+    Internal(#[source] Cause),
+}
+
+impl Error {
+    pub fn invalid(field: &'static str, reason: impl Into<Cow<'static, str>>) -> Self {
+        Self::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+}

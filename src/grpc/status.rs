@@ -1,0 +1,36 @@
+//! The one place where the service's errors become gRPC statuses. Causes
+//! (database errors, timeouts) are logged here and never sent to the caller,
+//! so no SQL text or connection detail leaves the process.
+
+use tonic::{Code, Status};
+
+use crate::error::Error;
+
+pub fn to_status(error: Error) -> Status {
+    match error {
+        Error::InvalidArgument { .. } => Status::invalid_argument(error.to_string()),
+        Error::NotFound => Status::not_found(error.to_string()),
+        Error::LeaseMismatch(reason) => Status::failed_precondition(reason),
+        Error::Contended => Status::aborted(error.to_string()),
+        Error::Unavailable(ref cause) => {
+            tracing::warn!(error = %cause, "store unavailable");
+            Status::unavailable(error.to_string())
+        }
+        Error::Internal(ref cause) => {
+            tracing::error!(error = %cause, "internal error");
+            Status::internal(error.to_string())
+        }
+    }
+}
+
+/// The code an error becomes, for logs, without building the status.
+pub fn code_of(error: &Error) -> Code {
+    match error {
+        Error::InvalidArgument { .. } => Code::InvalidArgument,
+        Error::NotFound => Code::NotFound,
+        Error::LeaseMismatch(_) => Code::FailedPrecondition,
+        Error::Contended => Code::Aborted,
+        Error::Unavailable(_) => Code::Unavailable,
+        Error::Internal(_) => Code::Internal,
+    }
+}

@@ -1,0 +1,34 @@
+//! idempotency-service: a shared deduplication store over gRPC. A caller
+//! Claims an event's key and gets a lease, Completes it with the result, and
+//! every later delivery of the same event gets that result back (the replay).
+//!
+//! The map of the crate, from the wire inwards:
+//! - [`server`]: wiring; opens the store, serves gRPC, health and reflection,
+//!   runs the background tasks, drains on shutdown.
+//! - [`grpc`]: the tonic adapter; parses requests into domain types at the
+//!   edge, calls the lifecycle, converts outcomes back. `grpc::status` is the
+//!   one place errors become gRPC codes.
+//! - [`lifecycle`]: the rules of Claim, Complete, Release, ExtendLease and Get,
+//!   built from the store's atomic operations. No tonic, no SQL.
+//! - [`domain`]: validated newtypes (namespace, key, fingerprint, lease token,
+//!   limits) and outcome enums.
+//! - [`error`]: the one error type, each variant naming its gRPC code.
+//! - [`store`]: the seam to the database, with the PostgreSQL and SQLite
+//!   implementations, each with its SQL and migrations. The only place with SQL.
+//! - [`health`]: grpc.health.v1, SERVING only while the store answers.
+//! - [`reaper`]: deletes expired records in bounded batches.
+//! - [`config`]: flags and environment variables.
+//! - [`telemetry`]: log output.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod grpc;
+pub mod health;
+pub mod lifecycle;
+pub mod reaper;
+pub mod server;
+pub mod store;
+pub mod telemetry;

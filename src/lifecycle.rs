@@ -1,0 +1,309 @@
+//! The rules of a key's lifecycle: Claim, Complete, Release, ExtendLease, Get.
+//!
+//! Each call is built from the store's atomic operations. The store's guarded
+//! statements decide every race; this module decides what a caller is told
+//! when a guarded statement did not apply (was the key gone, or held by
+//! someone else?), and serves the common duplicate (a completed key) with a
+//! read instead of a write. No tonic, no SQL.
+
+use std::time::Duration;
+
+use crate::domain::{
+    ClaimOutcome, Fingerprint, Key, LeaseToken, Limits, Namespace, NewLease, Record, RecordState,
+    Snapshot,
+};
+use crate::error::Error;
+use crate::store::Store;
+
+/// How many read-then-guarded-write rounds a Claim makes before it gives up
+/// with ABORTED. Each lost round means the key changed in between (claimed,
+/// released, expired); two rounds settle every race seen in practice.
+const CLAIM_ROUNDS: usize = 8;
+
+/// A validated Claim, before defaults are applied.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub namespace: Namespace,
+    pub key: Key,
+    pub fingerprint: Option<Fingerprint>,
+    pub lease_ttl: Option<Duration>,
+    pub retention: Option<Duration>,
+}
+
+/// A validated Complete.
+#[derive(Debug, Clone)]
+pub struct CompleteRequest {
+    pub namespace: Namespace,
+    pub key: Key,
+    pub lease_token: LeaseToken,
+    pub response: Vec<u8>,
+    pub retention: Option<Duration>,
+}
+
+/// The lifecycle over one store, with the server's limits.
+#[derive(Clone)]
+pub struct Lifecycle<S> {
+    store: S,
+    limits: Limits,
+}
+
+/// What a Claim should do after reading the key.
+enum Verdict {
+    Answer(ClaimOutcome),
+    TryClaim,
+}
+
+impl<S: Store> Lifecycle<S> {
+    pub fn new(store: S, limits: Limits) -> Self {
+        Self { store, limits }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Claim: read the key, answer from the read when it is decided (replay,
+    /// in progress, mismatch), else try the guarded claim. A lost race is read
+    /// again, so the loser learns who won.
+    pub async fn claim(&self, request: ClaimRequest) -> Result<ClaimOutcome, Error> {
+        let lease_ttl = self.limits.lease_ttl(request.lease_ttl)?;
+        let retention = self.limits.claim_retention(request.retention)?;
+        let new_lease = NewLease {
+            namespace: request.namespace,
+            key: request.key,
+            fingerprint: request.fingerprint,
+            lease_token: LeaseToken::generate(),
+            lease_ttl,
+            retention,
+        };
+        for _ in 0..CLAIM_ROUNDS {
+            let snapshot = self
+                .store
+                .fetch(&new_lease.namespace, &new_lease.key)
+                .await?;
+            match judge(snapshot, new_lease.fingerprint.as_ref()) {
+                Verdict::Answer(outcome) => return Ok(outcome),
+                Verdict::TryClaim => {
+                    if let Some(lease) = self.store.try_claim(&new_lease).await? {
+                        return Ok(ClaimOutcome::Claimed(lease));
+                    }
+                }
+            }
+        }
+        Err(Error::Contended)
+    }
+
+    /// Complete: store the response under the current lease. A retried
+    /// Complete (same token, already completed) answers OK with the stored
+    /// expiry and keeps the first response.
+    pub async fn complete(&self, request: CompleteRequest) -> Result<std::time::SystemTime, Error> {
+        let retention = self.limits.complete_retention(request.retention)?;
+        let response = self.limits.response(request.response)?;
+        let token = request.lease_token;
+        if let Some(expires_at) = self
+            .store
+            .complete(
+                &request.namespace,
+                &request.key,
+                &token,
+                &response,
+                retention,
+            )
+            .await?
+        {
+            return Ok(expires_at);
+        }
+        let record = self.live_record(&request.namespace, &request.key).await?;
+        match record.state {
+            RecordState::Completed if record.lease_token == Some(token) => Ok(record.expires_at),
+            RecordState::Completed => Err(Error::LeaseMismatch(
+                "the key was completed under another lease",
+            )),
+            RecordState::Released if record.lease_token == Some(token) => Err(
+                Error::LeaseMismatch("the lease was released; claim the key again"),
+            ),
+            _ => Err(Error::LeaseMismatch(
+                "lease_token is not the key's current lease",
+            )),
+        }
+    }
+
+    /// Release: give a failed attempt back. Repeating it with the same token
+    /// while nobody claimed since is OK.
+    pub async fn release(
+        &self,
+        namespace: Namespace,
+        key: Key,
+        token: LeaseToken,
+    ) -> Result<(), Error> {
+        if self.store.release(&namespace, &key, &token).await? {
+            return Ok(());
+        }
+        let record = self.live_record(&namespace, &key).await?;
+        match record.state {
+            RecordState::Released if record.lease_token == Some(token) => Ok(()),
+            RecordState::Completed => Err(Error::LeaseMismatch(
+                "the key is completed; a completed key cannot be released",
+            )),
+            _ => Err(Error::LeaseMismatch(
+                "lease_token is not the key's current lease",
+            )),
+        }
+    }
+
+    /// ExtendLease: move the lease's expiry to now + ttl.
+    pub async fn extend_lease(
+        &self,
+        namespace: Namespace,
+        key: Key,
+        token: LeaseToken,
+        lease_ttl: Option<Duration>,
+    ) -> Result<std::time::SystemTime, Error> {
+        let lease_ttl = self.limits.lease_ttl(lease_ttl)?;
+        if let Some(lease_expires_at) = self
+            .store
+            .extend_lease(&namespace, &key, &token, lease_ttl)
+            .await?
+        {
+            return Ok(lease_expires_at);
+        }
+        let record = self.live_record(&namespace, &key).await?;
+        Err(Error::LeaseMismatch(match record.state {
+            RecordState::InProgress => "lease_token is not the key's current lease",
+            RecordState::Completed => "the key is completed; its lease cannot be extended",
+            RecordState::Released => "the lease was released; claim the key again",
+        }))
+    }
+
+    /// Get: the record if it is unexpired, else `None` (absent).
+    pub async fn get(&self, namespace: Namespace, key: Key) -> Result<Option<Record>, Error> {
+        Ok(self.store.fetch(&namespace, &key).await?.live())
+    }
+
+    async fn live_record(&self, namespace: &Namespace, key: &Key) -> Result<Record, Error> {
+        self.store
+            .fetch(namespace, key)
+            .await?
+            .live()
+            .ok_or(Error::NotFound)
+    }
+}
+
+/// Decides a Claim from a read of the key. Anything that would change the
+/// record goes to the guarded statement, which re-checks it atomically.
+fn judge(snapshot: Snapshot, offered: Option<&Fingerprint>) -> Verdict {
+    let now = snapshot.now;
+    let Some(record) = snapshot.live() else {
+        return Verdict::TryClaim;
+    };
+    if Fingerprint::conflicts(record.fingerprint.as_ref(), offered) {
+        return Verdict::Answer(ClaimOutcome::FingerprintMismatch);
+    }
+    match record.state {
+        RecordState::Completed => Verdict::Answer(ClaimOutcome::Completed {
+            response: record.response.unwrap_or_default(),
+            expires_at: record.expires_at,
+        }),
+        RecordState::InProgress => match record.lease_expires_at {
+            Some(lease_expires_at) if lease_expires_at > now => {
+                Verdict::Answer(ClaimOutcome::InProgress {
+                    lease_expires_at,
+                    retry_after: lease_expires_at.duration_since(now).unwrap_or_default(),
+                    expires_at: record.expires_at,
+                })
+            }
+            _ => Verdict::TryClaim,
+        },
+        RecordState::Released => Verdict::TryClaim,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    fn record(state: RecordState, fingerprint: Option<&[u8]>, lease_left: i64) -> Record {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let lease = if lease_left >= 0 {
+            now + Duration::from_secs(lease_left as u64)
+        } else {
+            now - Duration::from_secs((-lease_left) as u64)
+        };
+        Record {
+            state,
+            fencing_token: 3,
+            lease_token: Some(LeaseToken::generate()),
+            fingerprint: fingerprint.map(|f| Fingerprint::from_stored(f.to_vec()).unwrap()),
+            response: Some(b"stored".to_vec()),
+            retention: Duration::from_secs(60),
+            lease_expires_at: Some(lease),
+            expires_at: now + Duration::from_secs(100),
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    fn snapshot(record: Record) -> Snapshot {
+        Snapshot {
+            now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000),
+            record: Some(record),
+        }
+    }
+
+    fn fp(bytes: &[u8]) -> Option<Fingerprint> {
+        Fingerprint::from_stored(bytes.to_vec())
+    }
+
+    #[test]
+    fn a_live_lease_answers_in_progress_with_the_time_left() {
+        let verdict = judge(snapshot(record(RecordState::InProgress, None, 7)), None);
+        match verdict {
+            Verdict::Answer(ClaimOutcome::InProgress { retry_after, .. }) => {
+                assert_eq!(retry_after, Duration::from_secs(7))
+            }
+            _ => panic!("expected in progress"),
+        }
+    }
+
+    #[test]
+    fn an_expired_lease_or_a_release_is_claimable() {
+        assert!(matches!(
+            judge(snapshot(record(RecordState::InProgress, None, -1)), None),
+            Verdict::TryClaim
+        ));
+        assert!(matches!(
+            judge(snapshot(record(RecordState::Released, None, 0)), None),
+            Verdict::TryClaim
+        ));
+    }
+
+    #[test]
+    fn a_different_fingerprint_wins_over_every_state() {
+        for state in [
+            RecordState::InProgress,
+            RecordState::Completed,
+            RecordState::Released,
+        ] {
+            let verdict = judge(snapshot(record(state, Some(b"a"), 5)), fp(b"b").as_ref());
+            assert!(matches!(
+                verdict,
+                Verdict::Answer(ClaimOutcome::FingerprintMismatch)
+            ));
+        }
+    }
+
+    #[test]
+    fn an_expired_record_is_absent() {
+        let mut expired = record(RecordState::Completed, Some(b"a"), 0);
+        expired.expires_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        assert!(matches!(
+            judge(snapshot(expired), fp(b"b").as_ref()),
+            Verdict::TryClaim
+        ));
+    }
+}

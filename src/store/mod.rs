@@ -1,0 +1,268 @@
+//! The store seam: the few atomic operations the lifecycle needs, and the two
+//! implementations behind them, PostgreSQL (`postgres`, production, many
+//! replicas on one table) and SQLite (`sqlite`, embedded, single instance).
+//!
+//! Every operation is one statement guarded by its own WHERE clause, so
+//! concurrency is the database's job: two replicas racing for one key are
+//! serialised by the row lock, never by Rust code. Each store keeps its SQL and
+//! its migrations beside it; nothing above this module sees sqlx.
+
+pub mod postgres;
+pub mod sqlite;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use crate::domain::{Key, Lease, LeaseToken, Namespace, NewLease, Snapshot};
+use crate::error::Error;
+
+/// The operations the lifecycle is built from. Each is atomic on its own;
+/// none holds a transaction open across calls.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// A short name for logs: "postgres" or "sqlite".
+    fn kind(&self) -> &'static str;
+
+    /// Reads a key's record (expired or not) with the store's clock.
+    fn fetch(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+    ) -> impl Future<Output = Result<Snapshot, Error>> + Send;
+
+    /// Takes the key if, at the instant of the statement, it is absent,
+    /// expired, released, or in progress under an expired lease, and its
+    /// fingerprint does not conflict. `None` when it was not claimable.
+    fn try_claim(
+        &self,
+        lease: &NewLease,
+    ) -> impl Future<Output = Result<Option<Lease>, Error>> + Send;
+
+    /// Completes an unexpired in-progress record held by `token` (its lease may
+    /// have run out, as long as nobody took it). Returns the new `expires_at`,
+    /// or `None` when the record was not in that state.
+    fn complete(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+        response: &[u8],
+        retention: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<SystemTime>, Error>> + Send;
+
+    /// Releases an unexpired in-progress record held by `token`. `false` when
+    /// the record was not in that state.
+    fn release(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Moves the lease of an unexpired in-progress record held by `token` to
+    /// now + `lease_ttl`. Returns the new lease expiry, or `None`.
+    fn extend_lease(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> impl Future<Output = Result<Option<SystemTime>, Error>> + Send;
+
+    /// Deletes up to `batch` expired records; safe to run from several
+    /// replicas at once. Returns how many it deleted.
+    fn reap_expired(&self, batch: u32) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Answers when the store is usable (for health).
+    fn ping(&self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Closes the connections, waiting for those in use.
+    fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// How to reach the store, from the configuration.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// `postgres://…` or `sqlite://…`; `None` means the embedded SQLite file in
+    /// `data_dir`.
+    pub database_url: Option<String>,
+    pub data_dir: PathBuf,
+    /// Most connections the pool opens (PostgreSQL; SQLite's readers).
+    pub pool_size: u32,
+    /// How long one store operation may take, connecting included, before the
+    /// call fails with UNAVAILABLE instead of hanging until the caller's deadline.
+    pub timeout: Duration,
+}
+
+/// The store the configuration picked.
+pub enum AnyStore {
+    Postgres(postgres::PostgresStore),
+    Sqlite(sqlite::SqliteStore),
+}
+
+/// Which store a configuration names, before connecting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    Postgres(String),
+    Sqlite(PathBuf),
+}
+
+impl StoreOptions {
+    /// Picks the store by the URL's scheme; no URL means the embedded file.
+    pub fn location(&self) -> Result<Location, Error> {
+        match self.database_url.as_deref() {
+            None | Some("") => Ok(Location::Sqlite(self.data_dir.join("idempotency.db"))),
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Ok(Location::Postgres(url.to_owned()))
+            }
+            Some(url) if url.starts_with("sqlite:") => {
+                let path = url
+                    .trim_start_matches("sqlite:")
+                    .trim_start_matches("//")
+                    .split('?')
+                    .next()
+                    .unwrap_or_default();
+                if path.is_empty() {
+                    return Err(Error::invalid("DATABASE_URL", "sqlite URL names no file"));
+                }
+                Ok(Location::Sqlite(PathBuf::from(path)))
+            }
+            Some(_) => Err(Error::invalid(
+                "DATABASE_URL",
+                "must start with postgres://, postgresql:// or sqlite://",
+            )),
+        }
+    }
+}
+
+impl AnyStore {
+    /// Connects to the store the options name (creating the SQLite file and its
+    /// folder when missing), and applies the migrations when asked.
+    pub async fn open(options: &StoreOptions, migrate: bool) -> anyhow::Result<Self> {
+        let store = match options.location()? {
+            Location::Postgres(url) => {
+                Self::Postgres(postgres::PostgresStore::connect(&url, options).await?)
+            }
+            Location::Sqlite(path) => {
+                Self::Sqlite(sqlite::SqliteStore::open(&path, options).await?)
+            }
+        };
+        if migrate {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
+    /// Applies the pending migrations; safe when several replicas start at once
+    /// (PostgreSQL takes an advisory lock; SQLite has one writer).
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        match self {
+            Self::Postgres(store) => store.migrate().await,
+            Self::Sqlite(store) => store.migrate().await,
+        }
+    }
+}
+
+/// Runs one store operation under the configured deadline and turns sqlx's
+/// errors into the service's. A timeout is UNAVAILABLE: a slow or vanished
+/// database must not hold the caller until its own deadline.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    operation: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(timeout, operation).await {
+        Ok(result) => result.map_err(classify),
+        Err(elapsed) => Err(Error::Unavailable(Box::new(elapsed))),
+    }
+}
+
+/// Sorts a database error into "retry later" (the database is down, starting,
+/// overloaded or locked) and "a bug" (anything else).
+fn classify(error: sqlx::Error) -> Error {
+    use sqlx::Error as E;
+    let transient = match &error {
+        E::PoolTimedOut | E::PoolClosed | E::Io(_) | E::Tls(_) | E::WorkerCrashed => true,
+        E::Protocol(_) => true,
+        E::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                code.parse().is_ok_and(transient_sqlite_code)
+            } else {
+                transient_sqlstate(&code)
+            }
+        }
+        _ => false,
+    };
+    if transient {
+        Error::Unavailable(Box::new(error))
+    } else {
+        Error::Internal(Box::new(error))
+    }
+}
+
+/// PostgreSQL SQLSTATEs that say "try again": class 08 (connection), 53
+/// (insufficient resources), 57P (shutting down or starting), 58 (system),
+/// 40 (serialization failure, deadlock).
+fn transient_sqlstate(code: &str) -> bool {
+    ["08", "53", "57P", "58", "40"]
+        .iter()
+        .any(|class| code.starts_with(class))
+}
+
+/// SQLite result codes (primary code in the low byte) that say "try again":
+/// BUSY, LOCKED, NOMEM, READONLY, IOERR, FULL, CANTOPEN.
+fn transient_sqlite_code(code: u32) -> bool {
+    matches!(code & 0xff, 5 | 6 | 7 | 8 | 10 | 13 | 14)
+}
+
+/// Microseconds in a duration, as the stores keep them.
+pub(crate) fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(url: Option<&str>) -> StoreOptions {
+        StoreOptions {
+            database_url: url.map(str::to_owned),
+            data_dir: PathBuf::from("./data"),
+            pool_size: 4,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn the_url_scheme_picks_the_store() {
+        assert_eq!(
+            options(None).location().unwrap(),
+            Location::Sqlite(PathBuf::from("./data/idempotency.db"))
+        );
+        assert_eq!(
+            options(Some("sqlite:///var/lib/x.db?mode=rwc"))
+                .location()
+                .unwrap(),
+            Location::Sqlite(PathBuf::from("/var/lib/x.db"))
+        );
+        assert_eq!(
+            options(Some("sqlite://rel/x.db")).location().unwrap(),
+            Location::Sqlite(PathBuf::from("rel/x.db"))
+        );
+        assert!(matches!(
+            options(Some("postgres://u@h/db")).location().unwrap(),
+            Location::Postgres(_)
+        ));
+        assert!(options(Some("mysql://h/db")).location().is_err());
+    }
+
+    #[test]
+    fn connection_and_lock_errors_are_transient() {
+        assert!(transient_sqlstate("08006"));
+        assert!(transient_sqlstate("57P01"));
+        assert!(!transient_sqlstate("23505"));
+        assert!(transient_sqlite_code(5));
+        assert!(transient_sqlite_code(517));
+        assert!(!transient_sqlite_code(19));
+    }
+}

@@ -1,0 +1,322 @@
+//! The PostgreSQL store: the production store, shared by any number of
+//! replicas through one table.
+//!
+//! Every time comparison and every timestamp uses the database's `now()`, so
+//! replicas whose clocks disagree still agree on who holds a lease. Each
+//! transition is one statement whose WHERE clause is the rule; under READ
+//! COMMITTED, `INSERT … ON CONFLICT DO UPDATE … WHERE` re-checks that clause on
+//! the latest row version after taking the row lock, which is what makes
+//! "exactly one winner" hold across replicas.
+
+use std::time::{Duration, SystemTime};
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{ConnectOptions, Row};
+use time::OffsetDateTime;
+
+use super::{Store, StoreOptions, bounded, micros};
+use crate::domain::{
+    Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState, Snapshot,
+};
+use crate::error::Error;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// The record columns, in the order `record_from_row` reads them.
+const FETCH: &str = "
+SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
+       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at
+FROM (SELECT 1) AS clock
+LEFT JOIN idempotency_records AS r ON r.namespace = $1 AND r.key = $2";
+
+/// Inserts a new key, or takes over an existing row that is expired, released,
+/// or in progress under an expired lease, unless its fingerprint conflicts.
+/// An expired row starts afresh (its fingerprint and creation time are
+/// replaced) but keeps counting fencing tokens until the reaper deletes it.
+const TRY_CLAIM: &str = "
+INSERT INTO idempotency_records AS r
+    (namespace, key, state, fencing_token, lease_token, fingerprint, response, retention_us,
+     lease_expires_at, expires_at, created_at, updated_at)
+VALUES ($1, $2, 1, 1, $3, $4, NULL, $6,
+        now() + $5::float8 * interval '1 microsecond',
+        now() + ($5 + $6)::float8 * interval '1 microsecond',
+        now(), now())
+ON CONFLICT (namespace, key) DO UPDATE SET
+    state = 1,
+    fencing_token = r.fencing_token + 1,
+    lease_token = excluded.lease_token,
+    fingerprint = CASE WHEN r.expires_at <= now() THEN excluded.fingerprint
+                       ELSE coalesce(r.fingerprint, excluded.fingerprint) END,
+    response = NULL,
+    retention_us = excluded.retention_us,
+    lease_expires_at = excluded.lease_expires_at,
+    expires_at = excluded.expires_at,
+    created_at = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at END,
+    updated_at = now()
+WHERE r.expires_at <= now()
+   OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= now()))
+       AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
+            OR r.fingerprint = excluded.fingerprint))
+RETURNING fencing_token, lease_expires_at, expires_at";
+
+/// The lease holder's guard shared by Complete, Release and ExtendLease: the
+/// record is unexpired, in progress, and the token is the current one. The
+/// lease itself may have run out: until someone else claims the key, its
+/// holder may still finish.
+const COMPLETE: &str = "
+UPDATE idempotency_records
+SET state = 2, response = $4, lease_expires_at = NULL,
+    expires_at = now() + coalesce($5, retention_us)::float8 * interval '1 microsecond',
+    updated_at = now()
+WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
+RETURNING expires_at";
+
+/// Released records stay for their retention, so a late duplicate with another
+/// payload is still told about the mismatch, and the fencing counter goes on.
+const RELEASE: &str = "
+UPDATE idempotency_records
+SET state = 3, lease_expires_at = NULL,
+    expires_at = now() + retention_us::float8 * interval '1 microsecond',
+    updated_at = now()
+WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()";
+
+const EXTEND_LEASE: &str = "
+UPDATE idempotency_records
+SET lease_expires_at = now() + $4::float8 * interval '1 microsecond',
+    expires_at = now() + ($4 + retention_us)::float8 * interval '1 microsecond',
+    updated_at = now()
+WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
+RETURNING lease_expires_at";
+
+/// Deletes one bounded batch. SKIP LOCKED lets replicas reap side by side
+/// without waiting on each other or on a Claim that is taking a row over; the
+/// outer condition re-checks expiry on the locked row.
+const REAP: &str = "
+DELETE FROM idempotency_records
+WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM idempotency_records
+        WHERE expires_at <= now()
+        ORDER BY expires_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED))
+  AND expires_at <= now()";
+
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    timeout: Duration,
+}
+
+impl PostgresStore {
+    /// Builds the pool without connecting: the service starts, reports
+    /// NOT_SERVING, and connects once the database answers.
+    pub async fn connect(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
+        let connect_options: PgConnectOptions = url
+            .parse::<PgConnectOptions>()
+            .map_err(|_| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL"))?
+            .application_name("idempotency-service")
+            .disable_statement_logging();
+        Ok(Self::with_options(connect_options, options))
+    }
+
+    /// The pool for already-built connection options (tests use this to give
+    /// each test its own schema).
+    pub fn with_options(connect_options: PgConnectOptions, options: &StoreOptions) -> Self {
+        let pool = PgPoolOptions::new()
+            .max_connections(options.pool_size)
+            .min_connections(0)
+            .acquire_timeout(options.timeout)
+            // sqlx pings every connection it hands out unless told not to: a
+            // second round trip per call. Broken connections are still found,
+            // by the ping sqlx makes when a connection is returned.
+            .test_before_acquire(false)
+            .connect_lazy_with(connect_options);
+        Self {
+            pool,
+            timeout: options.timeout,
+        }
+    }
+
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The pool, for the operator's counters.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+fn system_time(t: OffsetDateTime) -> SystemTime {
+    SystemTime::from(t)
+}
+
+fn state_from(code: i16) -> Result<RecordState, Error> {
+    match code {
+        1 => Ok(RecordState::InProgress),
+        2 => Ok(RecordState::Completed),
+        3 => Ok(RecordState::Released),
+        other => Err(Error::Internal(
+            format!("unknown record state {other} in the database").into(),
+        )),
+    }
+}
+
+fn token_from(bytes: Vec<u8>) -> Result<LeaseToken, Error> {
+    <[u8; 16]>::try_from(bytes)
+        .map(LeaseToken::from_bytes)
+        .map_err(|_| Error::Internal("a stored lease token is not 16 bytes".into()))
+}
+
+fn snapshot_from_row(row: &PgRow) -> Result<Snapshot, Error> {
+    let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+    let now = system_time(row.try_get("now").map_err(get)?);
+    let Some(state) = row.try_get::<Option<i16>, _>("state").map_err(get)? else {
+        return Ok(Snapshot { now, record: None });
+    };
+    let record = Record {
+        state: state_from(state)?,
+        fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
+        lease_token: Some(token_from(row.try_get("lease_token").map_err(get)?)?),
+        fingerprint: row
+            .try_get::<Option<Vec<u8>>, _>("fingerprint")
+            .map_err(get)?
+            .and_then(Fingerprint::from_stored),
+        response: row.try_get("response").map_err(get)?,
+        retention: Duration::from_micros(row.try_get::<i64, _>("retention_us").map_err(get)? as u64),
+        lease_expires_at: row
+            .try_get::<Option<OffsetDateTime>, _>("lease_expires_at")
+            .map_err(get)?
+            .map(system_time),
+        expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+        created_at: system_time(row.try_get("created_at").map_err(get)?),
+        updated_at: system_time(row.try_get("updated_at").map_err(get)?),
+    };
+    Ok(Snapshot {
+        now,
+        record: Some(record),
+    })
+}
+
+impl Store for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn fetch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
+        let row = bounded(
+            self.timeout,
+            sqlx::query(FETCH)
+                .bind(namespace.as_str())
+                .bind(key.as_str())
+                .fetch_one(&self.pool),
+        )
+        .await?;
+        snapshot_from_row(&row)
+    }
+
+    async fn try_claim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
+        let row = bounded(
+            self.timeout,
+            sqlx::query(TRY_CLAIM)
+                .bind(lease.namespace.as_str())
+                .bind(lease.key.as_str())
+                .bind(lease.lease_token.as_bytes().as_slice())
+                .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                .bind(micros(lease.lease_ttl))
+                .bind(micros(lease.retention))
+                .fetch_optional(&self.pool),
+        )
+        .await?;
+        row.map(|row| {
+            let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+            Ok(Lease {
+                lease_token: lease.lease_token,
+                fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
+                lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
+                expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+            })
+        })
+        .transpose()
+    }
+
+    async fn complete(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+        response: &[u8],
+        retention: Option<Duration>,
+    ) -> Result<Option<SystemTime>, Error> {
+        let expires_at: Option<OffsetDateTime> = bounded(
+            self.timeout,
+            sqlx::query_scalar(COMPLETE)
+                .bind(namespace.as_str())
+                .bind(key.as_str())
+                .bind(token.as_bytes().as_slice())
+                .bind(response)
+                .bind(retention.map(micros))
+                .fetch_optional(&self.pool),
+        )
+        .await?;
+        Ok(expires_at.map(system_time))
+    }
+
+    async fn release(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+    ) -> Result<bool, Error> {
+        let done = bounded(
+            self.timeout,
+            sqlx::query(RELEASE)
+                .bind(namespace.as_str())
+                .bind(key.as_str())
+                .bind(token.as_bytes().as_slice())
+                .execute(&self.pool),
+        )
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn extend_lease(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<Option<SystemTime>, Error> {
+        let lease_expires_at: Option<OffsetDateTime> = bounded(
+            self.timeout,
+            sqlx::query_scalar(EXTEND_LEASE)
+                .bind(namespace.as_str())
+                .bind(key.as_str())
+                .bind(token.as_bytes().as_slice())
+                .bind(micros(lease_ttl))
+                .fetch_optional(&self.pool),
+        )
+        .await?;
+        Ok(lease_expires_at.map(system_time))
+    }
+
+    async fn reap_expired(&self, batch: u32) -> Result<u64, Error> {
+        let done = bounded(
+            self.timeout,
+            sqlx::query(REAP).bind(i64::from(batch)).execute(&self.pool),
+        )
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn ping(&self) -> Result<(), Error> {
+        bounded(self.timeout, sqlx::query("SELECT 1").execute(&self.pool))
+            .await
+            .map(|_| ())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}

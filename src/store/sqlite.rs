@@ -1,0 +1,336 @@
+//! The embedded SQLite store: the zero-setup default, for one instance (a
+//! sidecar, local development, a small deployment). PostgreSQL is the store for
+//! several replicas.
+//!
+//! Settings, chosen for "a Complete that returned OK survives a crash":
+//! - `journal_mode=WAL`: readers never block the writer, and a commit is one
+//!   append to the log;
+//! - `synchronous=FULL`: the log is fsynced at every commit, so a committed
+//!   record survives a kill -9 of the process and a power loss of the machine;
+//! - `busy_timeout`: the configured store timeout, after which a locked file
+//!   is UNAVAILABLE rather than a hang.
+//!
+//! All writes go through one connection, so they queue in the pool instead of
+//! spinning on SQLite's file lock; reads use a pool of their own. The clock is
+//! the process's: times are microseconds since the Unix epoch, taken after the
+//! writer connection is acquired so that waiting in line does not age them.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{ConnectOptions, Row};
+
+use super::{Store, StoreOptions, bounded, micros};
+use crate::domain::{
+    Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState, Snapshot,
+};
+use crate::error::Error;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+const FETCH: &str = "
+SELECT state, fencing_token, lease_token, fingerprint, response, retention_us,
+       lease_expires_at, expires_at, created_at, updated_at
+FROM idempotency_records WHERE namespace = ?1 AND key = ?2";
+
+/// The same rule as PostgreSQL's TRY_CLAIM (see there); `?7` is now.
+const TRY_CLAIM: &str = "
+INSERT INTO idempotency_records AS r
+    (namespace, key, state, fencing_token, lease_token, fingerprint, response, retention_us,
+     lease_expires_at, expires_at, created_at, updated_at)
+VALUES (?1, ?2, 1, 1, ?3, ?4, NULL, ?6, ?7 + ?5, ?7 + ?5 + ?6, ?7, ?7)
+ON CONFLICT (namespace, key) DO UPDATE SET
+    state = 1,
+    fencing_token = r.fencing_token + 1,
+    lease_token = excluded.lease_token,
+    fingerprint = CASE WHEN r.expires_at <= ?7 THEN excluded.fingerprint
+                       ELSE coalesce(r.fingerprint, excluded.fingerprint) END,
+    response = NULL,
+    retention_us = excluded.retention_us,
+    lease_expires_at = excluded.lease_expires_at,
+    expires_at = excluded.expires_at,
+    created_at = CASE WHEN r.expires_at <= ?7 THEN ?7 ELSE r.created_at END,
+    updated_at = ?7
+WHERE r.expires_at <= ?7
+   OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= ?7))
+       AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
+            OR r.fingerprint = excluded.fingerprint))
+RETURNING fencing_token, lease_expires_at, expires_at";
+
+const COMPLETE: &str = "
+UPDATE idempotency_records
+SET state = 2, response = ?4, lease_expires_at = NULL,
+    expires_at = ?6 + coalesce(?5, retention_us), updated_at = ?6
+WHERE namespace = ?1 AND key = ?2 AND state = 1 AND lease_token = ?3 AND expires_at > ?6
+RETURNING expires_at";
+
+const RELEASE: &str = "
+UPDATE idempotency_records
+SET state = 3, lease_expires_at = NULL, expires_at = ?4 + retention_us, updated_at = ?4
+WHERE namespace = ?1 AND key = ?2 AND state = 1 AND lease_token = ?3 AND expires_at > ?4";
+
+const EXTEND_LEASE: &str = "
+UPDATE idempotency_records
+SET lease_expires_at = ?5 + ?4, expires_at = ?5 + ?4 + retention_us, updated_at = ?5
+WHERE namespace = ?1 AND key = ?2 AND state = 1 AND lease_token = ?3 AND expires_at > ?5
+RETURNING lease_expires_at";
+
+const REAP: &str = "
+DELETE FROM idempotency_records
+WHERE rowid IN (SELECT rowid FROM idempotency_records
+                WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)";
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    /// One connection: SQLite has one writer at a time anyway.
+    writer: SqlitePool,
+    readers: SqlitePool,
+    path: PathBuf,
+    timeout: Duration,
+}
+
+impl SqliteStore {
+    /// Opens (creating when missing) the database file and its folder.
+    pub async fn open(path: &Path, options: &StoreOptions) -> anyhow::Result<Self> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                anyhow::anyhow!("cannot create the data directory {}: {e}", parent.display())
+            })?;
+        }
+        let connect_options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(options.timeout)
+            .disable_statement_logging();
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.timeout)
+            .connect_with(connect_options.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(options.pool_size.max(1))
+            .acquire_timeout(options.timeout)
+            .connect_lazy_with(connect_options);
+        Ok(Self {
+            writer,
+            readers,
+            path: path.to_owned(),
+            timeout: options.timeout,
+        })
+    }
+
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        MIGRATOR.run(&self.writer).await?;
+        Ok(())
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(micros)
+        .unwrap_or_default()
+}
+
+fn system_time(us: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(us.max(0) as u64)
+}
+
+fn state_from(code: i64) -> Result<RecordState, Error> {
+    match code {
+        1 => Ok(RecordState::InProgress),
+        2 => Ok(RecordState::Completed),
+        3 => Ok(RecordState::Released),
+        other => Err(Error::Internal(
+            format!("unknown record state {other} in the database").into(),
+        )),
+    }
+}
+
+fn record_from_row(row: &SqliteRow) -> Result<Record, Error> {
+    let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+    let token: Vec<u8> = row.try_get("lease_token").map_err(get)?;
+    let token = <[u8; 16]>::try_from(token)
+        .map(LeaseToken::from_bytes)
+        .map_err(|_| Error::Internal("a stored lease token is not 16 bytes".into()))?;
+    Ok(Record {
+        state: state_from(row.try_get("state").map_err(get)?)?,
+        fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
+        lease_token: Some(token),
+        fingerprint: row
+            .try_get::<Option<Vec<u8>>, _>("fingerprint")
+            .map_err(get)?
+            .and_then(Fingerprint::from_stored),
+        response: row.try_get("response").map_err(get)?,
+        retention: Duration::from_micros(row.try_get::<i64, _>("retention_us").map_err(get)? as u64),
+        lease_expires_at: row
+            .try_get::<Option<i64>, _>("lease_expires_at")
+            .map_err(get)?
+            .map(system_time),
+        expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+        created_at: system_time(row.try_get("created_at").map_err(get)?),
+        updated_at: system_time(row.try_get("updated_at").map_err(get)?),
+    })
+}
+
+impl Store for SqliteStore {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn fetch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
+        let (now, row) = bounded(self.timeout, async {
+            let mut conn = self.readers.acquire().await?;
+            let now = now_us();
+            let row = sqlx::query(FETCH)
+                .bind(namespace.as_str())
+                .bind(key.as_str())
+                .fetch_optional(&mut *conn)
+                .await?;
+            Ok((now, row))
+        })
+        .await?;
+        Ok(Snapshot {
+            now: system_time(now),
+            record: row.as_ref().map(record_from_row).transpose()?,
+        })
+    }
+
+    async fn try_claim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
+        let row = bounded(self.timeout, async {
+            let mut conn = self.writer.acquire().await?;
+            sqlx::query(TRY_CLAIM)
+                .bind(lease.namespace.as_str())
+                .bind(lease.key.as_str())
+                .bind(lease.lease_token.as_bytes().as_slice())
+                .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                .bind(micros(lease.lease_ttl))
+                .bind(micros(lease.retention))
+                .bind(now_us())
+                .fetch_optional(&mut *conn)
+                .await
+        })
+        .await?;
+        row.map(|row| {
+            let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+            Ok(Lease {
+                lease_token: lease.lease_token,
+                fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
+                lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
+                expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+            })
+        })
+        .transpose()
+    }
+
+    async fn complete(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+        response: &[u8],
+        retention: Option<Duration>,
+    ) -> Result<Option<SystemTime>, Error> {
+        let expires_at: Option<i64> = bounded(self.timeout, async {
+            let mut conn = self.writer.acquire().await?;
+            sqlx::query_scalar(COMPLETE)
+                .bind(namespace.as_str())
+                .bind(key.as_str())
+                .bind(token.as_bytes().as_slice())
+                .bind(response)
+                .bind(retention.map(micros))
+                .bind(now_us())
+                .fetch_optional(&mut *conn)
+                .await
+        })
+        .await?;
+        Ok(expires_at.map(system_time))
+    }
+
+    async fn release(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+    ) -> Result<bool, Error> {
+        let done = bounded(self.timeout, async {
+            let mut conn = self.writer.acquire().await?;
+            sqlx::query(RELEASE)
+                .bind(namespace.as_str())
+                .bind(key.as_str())
+                .bind(token.as_bytes().as_slice())
+                .bind(now_us())
+                .execute(&mut *conn)
+                .await
+        })
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn extend_lease(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<Option<SystemTime>, Error> {
+        let lease_expires_at: Option<i64> = bounded(self.timeout, async {
+            let mut conn = self.writer.acquire().await?;
+            sqlx::query_scalar(EXTEND_LEASE)
+                .bind(namespace.as_str())
+                .bind(key.as_str())
+                .bind(token.as_bytes().as_slice())
+                .bind(micros(lease_ttl))
+                .bind(now_us())
+                .fetch_optional(&mut *conn)
+                .await
+        })
+        .await?;
+        Ok(lease_expires_at.map(system_time))
+    }
+
+    async fn reap_expired(&self, batch: u32) -> Result<u64, Error> {
+        let done = bounded(self.timeout, async {
+            let mut conn = self.writer.acquire().await?;
+            sqlx::query(REAP)
+                .bind(now_us())
+                .bind(i64::from(batch))
+                .execute(&mut *conn)
+                .await
+        })
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Usable means: the file is still where it was opened, and readable.
+    async fn ping(&self) -> Result<(), Error> {
+        if !self.path.exists() {
+            return Err(Error::Unavailable(
+                format!("the database file {} is gone", self.path.display()).into(),
+            ));
+        }
+        bounded(
+            self.timeout,
+            sqlx::query("SELECT 1 FROM idempotency_records LIMIT 1").fetch_optional(&self.readers),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn close(&self) {
+        self.readers.close().await;
+        self.writer.close().await;
+    }
+}
