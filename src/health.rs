@@ -1,5 +1,7 @@
 //! grpc.health.v1 for "" and the service's own name: SERVING only while the
-//! store answers. A background task pings the store on an interval; shutdown
+//! store answers. A third name, `liveness`, is SERVING for as long as the
+//! process serves at all: a liveness probe must not restart every replica
+//! because the database is down (a restart would not bring it back). A background task pings the store on an interval; shutdown
 //! turns both names NOT_SERVING before the server stops accepting, so load
 //! balancers stop routing to a draining replica.
 
@@ -12,7 +14,10 @@ use tonic_health::server::HealthReporter;
 use crate::grpc::SERVICE_NAME;
 use crate::store::Store;
 
-/// Sets both health names at once.
+/// The health name that follows the process, not the store.
+pub const LIVENESS: &str = "liveness";
+
+/// Sets both store-following health names at once.
 pub async fn set(reporter: &HealthReporter, status: ServingStatus) {
     reporter.set_service_status("", status).await;
     reporter.set_service_status(SERVICE_NAME, status).await;

@@ -58,6 +58,9 @@ pub async fn serve<S: Store>(
 ) -> anyhow::Result<()> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     health::set(&reporter, ServingStatus::NotServing).await;
+    reporter
+        .set_service_status(health::LIVENESS, ServingStatus::Serving)
+        .await;
     let background = CancellationToken::new();
     let health_task = tokio::spawn(health::watch_store(
         store.clone(),
@@ -103,6 +106,9 @@ pub async fn serve<S: Store>(
             background.cancel();
             let _ = health_task.await;
             health::set(&reporter, ServingStatus::NotServing).await;
+            reporter
+                .set_service_status(health::LIVENESS, ServingStatus::NotServing)
+                .await;
             drain.cancel();
             match tokio::time::timeout(config.shutdown_timeout, &mut server).await {
                 Ok(result) => result.map_err(anyhow::Error::from),

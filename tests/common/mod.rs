@@ -1,7 +1,11 @@
 //! Test helpers: a real server on 127.0.0.1:0 over a real store (a fresh
 //! PostgreSQL schema or a fresh SQLite file per test), a typed client, and
 //! polling with a deadline.
+
 #![allow(dead_code)]
+
+pub mod cluster;
+pub mod process;
 
 use std::future::Future;
 use std::net::SocketAddr;

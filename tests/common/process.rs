@@ -1,0 +1,114 @@
+//! The real binary as a child process, for what only a process can show:
+//! kill -9, SIGTERM, the `migrate` subcommand, starting with no arguments.
+
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use idempotency_service::grpc::proto::idempotency_service_client::IdempotencyServiceClient;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use super::eventually;
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_idempotency-service");
+
+/// A free loopback port (bound, read, released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The binary with a clean environment: no inherited DATABASE_URL or
+/// IDEMPOTENCY_* settings, only what the test passes.
+pub fn command(dir: &Path) -> Command {
+    let mut command = Command::new(BINARY);
+    command.current_dir(dir);
+    for (name, _) in std::env::vars() {
+        if name == "DATABASE_URL" || name.starts_with("IDEMPOTENCY_") {
+            command.env_remove(name);
+        }
+    }
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    command
+}
+
+pub struct ServerProcess {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl ServerProcess {
+    /// Starts the binary listening on a free port and waits for SERVING.
+    pub async fn start(mut command: Command) -> Self {
+        let port = free_port();
+        command.env("IDEMPOTENCY_LISTEN_ADDR", format!("127.0.0.1:{port}"));
+        command.env("IDEMPOTENCY_HEALTH_CHECK_INTERVAL", "200ms");
+        let child = command.spawn().expect("start the server binary");
+        let server = Self { child, port };
+        assert_eq!(
+            server.wait_for_health(ServingStatus::Serving).await,
+            Some(()),
+            "the server never became SERVING"
+        );
+        server
+    }
+
+    pub fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://127.0.0.1:{}", self.port))
+            .unwrap()
+            .connect_lazy()
+    }
+
+    pub fn client(&self) -> IdempotencyServiceClient<Channel> {
+        IdempotencyServiceClient::new(self.channel())
+    }
+
+    pub async fn wait_for_health(&self, status: ServingStatus) -> Option<()> {
+        let health = HealthClient::new(self.channel());
+        eventually(Duration::from_secs(30), || {
+            let mut health = health.clone();
+            async move {
+                let response = health
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                    .ok()?;
+                (response.into_inner().status == status as i32).then_some(())
+            }
+        })
+        .await
+    }
+
+    /// kill -9: no shutdown code runs.
+    pub fn kill_hard(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, then the exit status.
+    pub async fn terminate(mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success());
+        let status = eventually(Duration::from_secs(30), || {
+            let status = self.child.try_wait().unwrap();
+            async move { status }
+        })
+        .await;
+        status.expect("the server did not exit within 30 s of SIGTERM")
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
