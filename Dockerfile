@@ -1,0 +1,61 @@
+# syntax=docker/dockerfile:1
+#
+# The idempotency-service server image:
+#
+#   docker build -t idempotency-service:0.1.0 .
+#
+# A Rust build stage, then a slim Debian runtime holding only the binary and a
+# non-root user. Debian rather than distroless because the Helm chart's preStop
+# hook runs `sleep`. Not built by this repository's CI (no container engine
+# there); keep it plain.
+
+# Cargo.toml's rust-version; raise the two together.
+ARG RUST_VERSION=1.95
+ARG DEBIAN_RELEASE=bookworm
+
+FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
+WORKDIR /build
+# Queries are plain sqlx::query calls and migrations are embedded by
+# sqlx::migrate!: nothing needs a database at build time.
+ENV SQLX_OFFLINE=true
+
+# Dependencies first, against stub sources: this layer, most of the build
+# time, is reused until Cargo.toml, Cargo.lock, build.rs or proto/ change.
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto ./proto
+RUN mkdir src \
+ && echo 'fn main() {}' > src/main.rs \
+ && touch src/lib.rs \
+ && cargo build --release --locked \
+ && rm -rf src target/release/.fingerprint/idempotency-service-* \
+      target/release/deps/idempotency_service-* target/release/deps/libidempotency_service-*
+
+# Then the crate itself. The touch makes sure cargo sees the real sources as
+# newer than the stubs it just built, whatever times COPY gave them.
+COPY src ./src
+COPY migrations ./migrations
+RUN touch src/main.rs src/lib.rs \
+ && cargo build --release --locked \
+ && install -D -m 0755 target/release/idempotency-service /out/idempotency-service
+
+FROM debian:${DEBIAN_RELEASE}-slim AS runtime
+LABEL org.opencontainers.image.title="idempotency-service" \
+      org.opencontainers.image.description="A shared deduplication store over gRPC" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# A fixed numeric user: the Helm chart's runAsUser/runAsGroup (10001) match it,
+# and runAsNonRoot can verify a number. TLS to PostgreSQL uses the root
+# certificates compiled into the binary, so no ca-certificates package.
+RUN groupadd --system --gid 10001 idempotency \
+ && useradd --system --uid 10001 --gid idempotency --no-create-home \
+      --home-dir /var/lib/idempotency --shell /usr/sbin/nologin idempotency \
+ && install -d -o idempotency -g idempotency -m 0750 /var/lib/idempotency
+COPY --from=build /out/idempotency-service /usr/local/bin/idempotency-service
+# Without DATABASE_URL the server keeps a SQLite file in ./data, that is
+# /var/lib/idempotency/data: mount a volume there to keep it.
+WORKDIR /var/lib/idempotency
+USER 10001:10001
+# 50051: gRPC (health, reflection, the API). 9090: Prometheus metrics, once
+# the server serves them (IDEMPOTENCY_METRICS_ADDR).
+EXPOSE 50051 9090
+ENTRYPOINT ["/usr/local/bin/idempotency-service"]
+CMD ["serve"]

@@ -1,0 +1,135 @@
+{{/*
+Names, labels and the pieces the Deployment and the migration Job share.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "idempotency-service.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every resource name: fullnameOverride, else the release name
+when it already contains the chart name, else "<release>-<chart>".
+Truncated to 63 characters because some names are DNS labels.
+*/}}
+{{- define "idempotency-service.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "idempotency-service.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels that select the server pods; never change them after a release. */}}
+{{- define "idempotency-service.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "idempotency-service.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: server
+{{- end }}
+
+{{/* Labels of every resource. */}}
+{{- define "idempotency-service.labels" -}}
+helm.sh/chart: {{ include "idempotency-service.chart" . }}
+app.kubernetes.io/name: {{ include "idempotency-service.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: idempotency-service
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "idempotency-service.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "idempotency-service.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "idempotency-service.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "idempotency-service.databaseSecretName" -}}
+{{- default (printf "%s-database" (include "idempotency-service.fullname" .)) .Values.database.existingSecret.name }}
+{{- end }}
+
+{{/* Replicas that run at the least: what decides whether a PDB makes sense. */}}
+{{- define "idempotency-service.minReplicas" -}}
+{{- if .Values.autoscaling.enabled }}{{ .Values.autoscaling.minReplicas }}{{ else }}{{ .Values.replicaCount }}{{ end }}
+{{- end }}
+
+{{/*
+DATABASE_URL: from the existing Secret, or as plain text only with the explicit
+opt-in. A url without the opt-in fails the render rather than being ignored, so
+nobody believes a value is in use that is not.
+*/}}
+{{- define "idempotency-service.databaseUrlEnv" -}}
+{{- if .Values.database.url }}
+{{- if not .Values.database.allowPlainTextUrl }}
+{{- fail "database.url is set but database.allowPlainTextUrl is false: put DATABASE_URL in a Secret and set database.existingSecret.name, or opt in to plain text with database.allowPlainTextUrl=true" }}
+{{- end }}
+- name: DATABASE_URL
+  value: {{ .Values.database.url | quote }}
+{{- else }}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "idempotency-service.databaseSecretName" . }}
+      key: {{ .Values.database.existingSecret.key }}
+{{- end }}
+{{- end }}
+
+{{/* Every server setting from .Values.config, shared by the server and the migration Job. */}}
+{{- define "idempotency-service.configEnv" -}}
+{{- with .Values.config }}
+- name: IDEMPOTENCY_DEFAULT_LEASE_TTL
+  value: {{ .defaultLeaseTtl | quote }}
+- name: IDEMPOTENCY_MAX_LEASE_TTL
+  value: {{ .maxLeaseTtl | quote }}
+- name: IDEMPOTENCY_DEFAULT_RETENTION
+  value: {{ .defaultRetention | quote }}
+- name: IDEMPOTENCY_MAX_RETENTION
+  value: {{ .maxRetention | quote }}
+- name: IDEMPOTENCY_MAX_RESPONSE_BYTES
+  value: {{ .maxResponseBytes | int64 | quote }}
+- name: IDEMPOTENCY_REAPER_INTERVAL
+  value: {{ .reaperInterval | quote }}
+- name: IDEMPOTENCY_REAPER_BATCH_SIZE
+  value: {{ .reaperBatchSize | int64 | quote }}
+- name: IDEMPOTENCY_DB_POOL_SIZE
+  value: {{ .dbPoolSize | int64 | quote }}
+- name: IDEMPOTENCY_DB_TIMEOUT
+  value: {{ .dbTimeout | quote }}
+- name: IDEMPOTENCY_HEALTH_CHECK_INTERVAL
+  value: {{ .healthCheckInterval | quote }}
+- name: IDEMPOTENCY_SHUTDOWN_TIMEOUT
+  value: {{ printf "%ds" (.shutdownTimeoutSeconds | int64) | quote }}
+- name: IDEMPOTENCY_LOG_FORMAT
+  value: {{ .logFormat | quote }}
+- name: RUST_LOG
+  value: {{ .logFilter | quote }}
+{{- if .dataDir }}
+- name: IDEMPOTENCY_DATA_DIR
+  value: {{ .dataDir | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Volumes every pod of the server image gets: a writable /tmp on a read-only root. */}}
+{{- define "idempotency-service.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpSizeLimit }}
+{{- end }}

@@ -1,0 +1,588 @@
+"""Assertions on what the chart renders, through the real helm binary.
+
+Run by scripts/check-helm.sh, which installs helm and sets HELM; by hand:
+
+    HELM=.cache/check-helm/bin/helm .cache/check-helm/venv/bin/pytest helm/tests
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import values_table  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "idempotency-service"
+ALL_ON = CHART / "ci" / "all-on-values.yaml"
+HELM = os.environ.get("HELM", str(REPO / ".cache" / "check-helm" / "bin" / "helm"))
+
+RELEASE = "idempotency-service"
+NAMESPACE = "idempotency"
+SERVICE_NAME = "idempotency.v1.IdempotencyService"
+
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+SERVER_POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+SELECTOR = {
+    "app.kubernetes.io/name": "idempotency-service",
+    "app.kubernetes.io/instance": RELEASE,
+    "app.kubernetes.io/component": "server",
+}
+CONFIG_ENV = {
+    "IDEMPOTENCY_DEFAULT_LEASE_TTL": "30s",
+    "IDEMPOTENCY_MAX_LEASE_TTL": "1h",
+    "IDEMPOTENCY_DEFAULT_RETENTION": "24h",
+    "IDEMPOTENCY_MAX_RETENTION": "30days",
+    "IDEMPOTENCY_MAX_RESPONSE_BYTES": "1048576",
+    "IDEMPOTENCY_REAPER_INTERVAL": "60s",
+    "IDEMPOTENCY_REAPER_BATCH_SIZE": "1000",
+    "IDEMPOTENCY_DB_POOL_SIZE": "16",
+    "IDEMPOTENCY_DB_TIMEOUT": "5s",
+    "IDEMPOTENCY_HEALTH_CHECK_INTERVAL": "1s",
+    "IDEMPOTENCY_SHUTDOWN_TIMEOUT": "30s",
+    "IDEMPOTENCY_LOG_FORMAT": "json",
+    "RUST_LOG": "info",
+}
+DEFAULT_DATABASE_URL_ENV = {
+    "name": "DATABASE_URL",
+    "valueFrom": {
+        "secretKeyRef": {"name": "idempotency-service-database", "key": "database-url"}
+    },
+}
+
+
+# --- rendering ---------------------------------------------------------------
+
+
+def helm_template(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [HELM, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@functools.cache
+def render(*args: str) -> tuple[dict, ...]:
+    result = helm_template(*args)
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def render_fails(*args: str) -> str:
+    result = helm_template(*args)
+    assert result.returncode != 0, "the render was expected to fail"
+    return result.stderr
+
+
+def default() -> tuple[dict, ...]:
+    return render()
+
+
+def all_on() -> tuple[dict, ...]:
+    return render("-f", str(ALL_ON))
+
+
+def one(docs, kind: str, name: str | None = None) -> dict:
+    found = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def kinds(docs) -> list[tuple[str, str]]:
+    return sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+
+
+def server(docs) -> dict:
+    containers = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["server"]
+    return containers[0]
+
+
+def migrate_job(docs) -> dict:
+    return one(docs, "Job")
+
+
+def migrate_container(docs) -> dict:
+    containers = migrate_job(docs)["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["migrate"]
+    return containers[0]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    names = [e["name"] for e in container["env"]]
+    assert len(names) == len(set(names)), f"duplicate env vars: {names}"
+    return {e["name"]: e for e in container["env"]}
+
+
+def plain_env(container: dict) -> dict[str, str]:
+    return {name: e["value"] for name, e in env_of(container).items() if "value" in e}
+
+
+# --- what is rendered ----------------------------------------------------------
+
+
+def test_default_values_render_exactly_the_server_its_service_pdb_migration_and_test():
+    assert kinds(default()) == [
+        ("Deployment", "idempotency-service"),
+        ("Job", "idempotency-service-migrate"),
+        ("Pod", "idempotency-service-test-health"),
+        ("PodDisruptionBudget", "idempotency-service"),
+        ("Service", "idempotency-service"),
+    ]
+
+
+def test_every_option_on_adds_hpa_servicemonitor_networkpolicy_serviceaccount_and_headless_service():
+    assert kinds(all_on()) == [
+        ("Deployment", "idempotency-service"),
+        ("HorizontalPodAutoscaler", "idempotency-service"),
+        ("Job", "idempotency-service-migrate"),
+        ("NetworkPolicy", "idempotency-service"),
+        ("Pod", "idempotency-service-test-health"),
+        ("PodDisruptionBudget", "idempotency-service"),
+        ("Service", "idempotency-service"),
+        ("Service", "idempotency-service-headless"),
+        ("ServiceAccount", "idempotency-service"),
+        ("ServiceMonitor", "idempotency-service"),
+    ]
+
+
+def test_app_version_equals_the_crate_version_in_cargo_toml():
+    cargo = tomllib.loads((REPO / "Cargo.toml").read_text())["package"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == cargo
+    assert chart["version"] == "0.1.0"
+    assert server(default())["image"] == f"idempotency-service:{cargo}"
+
+
+def test_kubernetes_older_than_1_27_is_refused():
+    assert chart_kube_version() == ">=1.27.0-0"
+    assert "incompatible with Kubernetes v1.26.0" in render_fails("--kube-version", "1.26.0")
+
+
+def chart_kube_version() -> str:
+    return yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+
+
+# --- Deployment ------------------------------------------------------------------
+
+
+def test_two_replicas_roll_with_max_unavailable_zero():
+    spec = one(default(), "Deployment")["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert spec["selector"] == {"matchLabels": SELECTOR}
+    assert {**spec["template"]["metadata"]["labels"], **SELECTOR} == spec["template"][
+        "metadata"
+    ]["labels"]
+
+
+def test_probes_are_native_grpc_on_the_grpc_port():
+    container = server(default())
+    assert container["ports"] == [{"name": "grpc", "containerPort": 50051, "protocol": "TCP"}]
+    assert container["startupProbe"] == {
+        "grpc": {"port": 50051, "service": "liveness"},
+        "periodSeconds": 2,
+        "timeoutSeconds": 2,
+        "failureThreshold": 60,
+    }
+    assert container["livenessProbe"] == {
+        "grpc": {"port": 50051, "service": "liveness"},
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 6,
+    }
+
+
+def test_readiness_probe_asks_for_the_idempotency_service_by_name():
+    assert server(default())["readinessProbe"] == {
+        "grpc": {"port": 50051, "service": SERVICE_NAME},
+        "periodSeconds": 5,
+        "timeoutSeconds": 2,
+        "failureThreshold": 2,
+        "successThreshold": 1,
+    }
+
+
+def test_termination_grace_covers_the_prestop_pause_and_the_servers_drain():
+    pod = one(default(), "Deployment")["spec"]["template"]["spec"]
+    container = server(default())
+    assert container["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    assert plain_env(container)["IDEMPOTENCY_SHUTDOWN_TIMEOUT"] == "30s"
+    # 5 s preStop + 30 s drain + 5 s margin.
+    assert pod["terminationGracePeriodSeconds"] == 40
+
+
+def test_a_longer_drain_lengthens_the_termination_grace_with_it():
+    docs = render("--set", "config.shutdownTimeoutSeconds=60", "--set", "lifecycle.preStopSleepSeconds=10")
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 75
+    assert plain_env(server(docs))["IDEMPOTENCY_SHUTDOWN_TIMEOUT"] == "60s"
+    assert server(docs)["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+
+
+def test_server_container_runs_with_the_restricted_security_context():
+    pod = one(default(), "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == SERVER_POD_SECURITY
+    assert server(default())["securityContext"] == RESTRICTED_CONTAINER
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == "default"
+
+
+def test_the_read_only_root_filesystem_gets_a_writable_tmp():
+    pod = one(default(), "Deployment")["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    assert server(default())["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+
+
+def test_replicas_spread_across_nodes_and_zones():
+    pod = one(default(), "Deployment")["spec"]["template"]["spec"]
+    assert pod["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": key,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": SELECTOR},
+        }
+        for key in ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    ]
+
+
+def test_server_has_requests_and_a_memory_limit():
+    assert server(default())["resources"] == {
+        "requests": {"cpu": "100m", "memory": "64Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+
+
+def test_server_serves_with_the_servers_own_migrations_off():
+    container = server(default())
+    assert container["args"] == ["serve"]
+    assert plain_env(container)["IDEMPOTENCY_RUN_MIGRATIONS"] == "false"
+
+
+def test_every_server_setting_reaches_the_server_as_an_environment_variable():
+    assert plain_env(server(default())) == {
+        **CONFIG_ENV,
+        "IDEMPOTENCY_LISTEN_ADDR": "0.0.0.0:50051",
+        "IDEMPOTENCY_RUN_MIGRATIONS": "false",
+    }
+    env = env_of(server(default()))
+    assert env["DATABASE_URL"] == DEFAULT_DATABASE_URL_ENV
+    assert set(env) == {*CONFIG_ENV, "DATABASE_URL", "IDEMPOTENCY_LISTEN_ADDR", "IDEMPOTENCY_RUN_MIGRATIONS"}
+
+
+def test_config_values_are_passed_through_unchanged():
+    docs = render(
+        "--set", "config.defaultLeaseTtl=45s",
+        "--set", "config.maxResponseBytes=2097152",
+        "--set", "config.dataDir=/data",
+        "--set", "grpc.port=6000",
+        "--set", "bindHost=[::]",
+    )
+    env = plain_env(server(docs))
+    assert env["IDEMPOTENCY_DEFAULT_LEASE_TTL"] == "45s"
+    assert env["IDEMPOTENCY_MAX_RESPONSE_BYTES"] == "2097152"
+    assert env["IDEMPOTENCY_DATA_DIR"] == "/data"
+    assert env["IDEMPOTENCY_LISTEN_ADDR"] == "[::]:6000"
+    assert server(docs)["readinessProbe"]["grpc"] == {"port": 6000, "service": SERVICE_NAME}
+
+
+# --- the database URL ------------------------------------------------------------
+
+
+def test_database_url_comes_from_the_existing_secret_by_default():
+    assert env_of(server(default()))["DATABASE_URL"] == DEFAULT_DATABASE_URL_ENV
+    assert env_of(migrate_container(default()))["DATABASE_URL"] == DEFAULT_DATABASE_URL_ENV
+
+
+def test_the_existing_secret_name_and_key_come_from_values():
+    expected = {
+        "name": "DATABASE_URL",
+        "valueFrom": {"secretKeyRef": {"name": "idempotency-db", "key": "url"}},
+    }
+    assert env_of(server(all_on()))["DATABASE_URL"] == expected
+    assert env_of(migrate_container(all_on()))["DATABASE_URL"] == expected
+
+
+def test_the_default_render_holds_no_plain_text_database_url_or_password():
+    text = json.dumps(default()).lower()
+    for needle in ["postgres://", "postgresql://", "sqlite://", "password"]:
+        assert needle not in text
+    assert not [d for d in default() if d["kind"] in ("Secret", "ConfigMap")]
+    for container in (server(default()), migrate_container(default())):
+        assert "value" not in env_of(container)["DATABASE_URL"]
+
+
+def test_a_plain_text_url_without_the_opt_in_fails_the_render():
+    stderr = render_fails("--set", "database.url=postgres://u:p@db:5432/idem")
+    assert "database.allowPlainTextUrl is false" in stderr
+
+
+def test_a_plain_text_url_with_the_opt_in_is_used_as_is():
+    url = "postgres://u:p@db:5432/idem"
+    docs = render("--set", f"database.url={url}", "--set", "database.allowPlainTextUrl=true")
+    for container in (server(docs), migrate_container(docs)):
+        assert env_of(container)["DATABASE_URL"] == {"name": "DATABASE_URL", "value": url}
+
+
+# --- migrations ------------------------------------------------------------------
+
+
+def test_migrations_run_as_a_pre_install_and_pre_upgrade_hook_job():
+    job = migrate_job(default())
+    assert job["metadata"]["annotations"] == {
+        "helm.sh/hook": "pre-install,pre-upgrade",
+        "helm.sh/hook-weight": "0",
+        "helm.sh/hook-delete-policy": "before-hook-creation",
+    }
+    assert job["spec"]["backoffLimit"] == 3
+    assert job["spec"]["activeDeadlineSeconds"] == 600
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["securityContext"] == SERVER_POD_SECURITY
+    assert "serviceAccountName" not in pod
+    container = migrate_container(default())
+    assert container["image"] == server(default())["image"]
+    assert container["args"] == ["migrate"]
+    assert container["securityContext"] == RESTRICTED_CONTAINER
+    assert plain_env(container) == CONFIG_ENV
+
+
+def test_migrations_can_be_left_to_the_operator():
+    docs = render("--set", "migrations.enabled=false")
+    assert not [d for d in docs if d["kind"] == "Job"]
+    assert plain_env(server(docs))["IDEMPOTENCY_RUN_MIGRATIONS"] == "false"
+
+
+# --- Service, PDB, test pod ---------------------------------------------------------
+
+
+def test_service_exposes_the_grpc_port_of_the_server_pods_only():
+    spec = one(default(), "Service")["spec"]
+    assert spec == {
+        "type": "ClusterIP",
+        "selector": SELECTOR,
+        "ports": [
+            {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
+        ],
+    }
+
+
+def test_pdb_lets_a_drain_take_one_of_two_replicas():
+    pdb = one(default(), "PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1"
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": SELECTOR}}
+
+
+def test_no_pdb_for_a_single_replica():
+    docs = render("--set", "replicaCount=1")
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+
+
+def test_helm_test_pod_checks_grpc_health_of_the_service_through_the_service():
+    pod = one(default(), "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    [container] = pod["spec"]["containers"]
+    assert container["image"] == "ghcr.io/grpc-ecosystem/grpc-health-probe:v0.4.41"
+    assert container["args"] == [
+        "-addr=idempotency-service.idempotency.svc:50051",
+        f"-service={SERVICE_NAME}",
+        "-connect-timeout=5s",
+        "-rpc-timeout=5s",
+    ]
+    assert container["securityContext"] == RESTRICTED_CONTAINER
+    assert pod["spec"]["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+# --- the optional parts, all on ---------------------------------------------------------
+
+
+def test_with_autoscaling_the_hpa_owns_the_replica_count():
+    assert "replicas" not in one(all_on(), "Deployment")["spec"]
+    hpa = one(all_on(), "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"] == {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "idempotency-service"},
+        "minReplicas": 3,
+        "maxReplicas": 9,
+        "metrics": [
+            {"type": "Resource", "resource": {"name": name, "target": {"type": "Utilization", "averageUtilization": target}}}
+            for name, target in [("cpu", 75), ("memory", 80)]
+        ],
+    }
+    assert one(all_on(), "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+
+def test_metrics_port_service_port_and_servicemonitor_line_up():
+    container = server(all_on())
+    assert container["ports"] == [
+        {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+    ]
+    assert plain_env(container)["IDEMPOTENCY_METRICS_ADDR"] == "0.0.0.0:9090"
+    service = one(all_on(), "Service", "idempotency-service")
+    assert service["spec"]["ports"][1] == {
+        "name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"
+    }
+    monitor = one(all_on(), "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"] == {
+        "selector": {"matchLabels": SELECTOR},
+        "namespaceSelector": {"matchNames": [NAMESPACE]},
+        "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}],
+    }
+
+
+def test_metrics_are_off_by_default_until_the_server_serves_them():
+    assert "IDEMPOTENCY_METRICS_ADDR" not in plain_env(server(default()))
+    assert [p["name"] for p in one(default(), "Service")["spec"]["ports"]] == ["grpc"]
+
+
+def test_a_servicemonitor_without_metrics_fails_the_render():
+    stderr = render_fails("--set", "metrics.serviceMonitor.enabled=true")
+    assert "metrics.serviceMonitor.enabled needs metrics.enabled" in stderr
+
+
+def test_network_policy_admits_listed_clients_and_the_helm_test_pod():
+    policy = one(all_on(), "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": SELECTOR}
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    grpc_rule, metrics_rule = spec["ingress"]
+    assert grpc_rule == {
+        "ports": [{"port": "grpc", "protocol": "TCP"}],
+        "from": [
+            {"namespaceSelector": {"matchLabels": {"idempotency-client": "true"}}},
+            {
+                "podSelector": {
+                    "matchLabels": {
+                        "app.kubernetes.io/name": "idempotency-service",
+                        "app.kubernetes.io/instance": RELEASE,
+                        "app.kubernetes.io/component": "test",
+                    }
+                }
+            },
+        ],
+    }
+    assert metrics_rule == {
+        "ports": [{"port": "metrics", "protocol": "TCP"}],
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+    }
+    assert [rule["ports"][0]["port"] for rule in spec["egress"]] == [53, 5432]
+    # The test pod it admits is the one the chart renders.
+    test_labels = one(all_on(), "Pod")["metadata"]["labels"]
+    for key, value in grpc_rule["from"][1]["podSelector"]["matchLabels"].items():
+        assert test_labels[key] == value
+
+
+def test_created_service_account_is_used_without_a_mounted_token():
+    account = one(all_on(), "ServiceAccount")
+    assert account["automountServiceAccountToken"] is False
+    assert account["metadata"]["annotations"] == {"example.com/role": "idempotency-service"}
+    pod = one(all_on(), "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "idempotency-service"
+    assert pod["automountServiceAccountToken"] is False
+    # Hooks run before the release's ServiceAccount exists, so the Job uses its own.
+    assert migrate_job(all_on())["spec"]["template"]["spec"]["serviceAccountName"] == "idempotency-migrate"
+
+
+def test_headless_service_resolves_to_the_server_pods():
+    spec = one(all_on(), "Service", "idempotency-service-headless")["spec"]
+    assert spec["clusterIP"] == "None"
+    assert spec["selector"] == SELECTOR
+
+
+def test_all_on_render_keeps_the_restricted_security_context_and_secret_reference():
+    assert server(all_on())["securityContext"] == RESTRICTED_CONTAINER
+    assert "password" not in json.dumps(all_on()).lower()
+
+
+# --- values ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("unknownKey=1", "additional properties 'unknownKey' not allowed"),
+        ("securityContext.readOnlyRootFilesystem=false", "value must be true"),
+        ("podSecurityContext.runAsNonRoot=false", "value must be true"),
+        ("config.logFormat=yaml", "/config/logFormat"),
+        ("config.defaultLeaseTtl=soon", "/config/defaultLeaseTtl"),
+    ],
+)
+def test_the_schema_rejects_values_that_would_weaken_or_break_the_deployment(setting, message):
+    assert message in render_fails("--set", setting)
+
+
+def test_every_key_in_values_yaml_has_a_description():
+    keys = values_table.documented_keys((CHART / "values.yaml").read_text())
+    assert len(keys) > 50
+    assert [k.path for k in keys if not k.description] == []
+
+
+def test_the_readme_values_table_is_the_one_generated_from_values_yaml():
+    readme = (CHART / "README.md").read_text()
+    generated = values_table.table((CHART / "values.yaml").read_text())
+    assert values_table.readme_with_table(readme, generated) == readme
+
+
+# --- NOTES.txt ------------------------------------------------------------------------------
+
+
+def notes(*args: str) -> str:
+    result = subprocess.run(
+        [HELM, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:\n", 1)[1]
+
+
+def test_notes_name_the_secret_the_endpoint_and_the_test():
+    text = notes()
+    assert 'of Secret\n"idempotency-service-database"' in text
+    assert "idempotency-service.idempotency.svc:50051" in text
+    assert "helm test idempotency-service -n idempotency" in text
+    assert "WARNING" not in text
+
+
+def test_notes_warn_about_a_plain_text_database_url():
+    text = notes("--set", "database.url=postgres://u:p@db/idem", "--set", "database.allowPlainTextUrl=true")
+    assert "WARNING: DATABASE_URL was given as plain text" in text
