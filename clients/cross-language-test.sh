@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Cross-language test: one idempotency-service, the Python and the Node clients
+# against it; a key completed from Python is replayed to Node and the reverse,
+# with the same derived keys and fingerprints. Builds both clients first (into
+# clients/python/.venv and clients/node/node_modules). Run from anywhere.
+#
+#   IDEMPOTENCY_BIN   the server binary (default: target/release/idempotency-service)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bin=${IDEMPOTENCY_BIN:-target/release/idempotency-service}
+case "$bin" in /*) ;; *) bin="$repo/$bin" ;; esac
+if [ ! -x "$bin" ]; then
+  echo "cross-language test: server binary not found at $bin (build it, or set IDEMPOTENCY_BIN)" >&2
+  exit 1
+fi
+export IDEMPOTENCY_BIN="$bin"
+
+bash "$repo/clients/python/setup-venv.sh"
+bash "$repo/clients/node/setup.sh"
+cd "$repo/clients/cross-language"
+exec "$repo/clients/python/.venv/bin/python" -m pytest -p no:cacheprovider test_cross_language.py

@@ -1,0 +1,63 @@
+// The errors a caller can act on: one class per gRPC status the service uses,
+// plus once()'s own outcomes (InProgress, FingerprintMismatch, LeaseLost).
+import { status, type ServiceError } from "@grpc/grpc-js";
+
+/** Base class of every error thrown by this package. */
+export class IdempotencyError extends Error {
+  /** The gRPC status code behind the error, when a call failed. */
+  readonly code: status | undefined;
+
+  constructor(message: string, options?: { code?: status; cause?: unknown }) {
+    super(message, options?.cause === undefined ? undefined : { cause: options.cause });
+    this.name = new.target.name;
+    this.code = options?.code;
+  }
+}
+
+/** INVALID_ARGUMENT: a field is missing, too long or malformed; the message names the field. Nothing changed. */
+export class InvalidArgument extends IdempotencyError {}
+
+/** NOT_FOUND: complete, release or extendLease on a key that does not exist or whose record expired. */
+export class KeyNotFound extends IdempotencyError {}
+
+/** FAILED_PRECONDITION: the lease token is not the key's current one (lost, released, or the key completed). */
+export class LeaseNotCurrent extends IdempotencyError {}
+
+/** UNAVAILABLE or DEADLINE_EXCEEDED: the service or its store cannot be reached; retry with backoff. */
+export class Unavailable extends IdempotencyError {}
+
+/** once(): the key was already seen with another payload fingerprint. Nothing changed. */
+export class FingerprintMismatch extends IdempotencyError {}
+
+/** once(): another claimant holds the key's lease (and, when waiting, still held it at waitTimeoutMs). */
+export class InProgress extends IdempotencyError {
+  constructor(
+    message: string,
+    readonly retryAfterMs: number,
+    readonly leaseExpiresAt: Date | null,
+  ) {
+    super(message);
+  }
+}
+
+/**
+ * once(): the lease was lost while the work ran (the heartbeat's ExtendLease or
+ * the final Complete answered FAILED_PRECONDITION or NOT_FOUND), so the result
+ * was NOT stored: someone else may be doing the work. `cause` is the underlying error.
+ */
+export class LeaseLost extends IdempotencyError {}
+
+const BY_CODE = new Map<status, new (message: string, options?: { code?: status; cause?: unknown }) => IdempotencyError>([
+  [status.INVALID_ARGUMENT, InvalidArgument],
+  [status.NOT_FOUND, KeyNotFound],
+  [status.FAILED_PRECONDITION, LeaseNotCurrent],
+  [status.UNAVAILABLE, Unavailable],
+  [status.DEADLINE_EXCEEDED, Unavailable],
+]);
+
+/** The typed error for a failed call. */
+export function fromServiceError(error: ServiceError, method: string): IdempotencyError {
+  const Class = BY_CODE.get(error.code) ?? IdempotencyError;
+  const name = status[error.code] ?? String(error.code);
+  return new Class(`${method}: ${name}: ${error.details || error.message}`, { code: error.code, cause: error });
+}

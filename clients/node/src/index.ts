@@ -1,0 +1,36 @@
+// TypeScript client of idempotency-service.
+//
+//   client.ts   IdempotencyClient: claim, complete, release, extendLease, get, and once()
+//   once.ts     the run-once lifecycle (Claim, work, Complete or Release, replay, heartbeat)
+//   keys.ts     deriveKey() and fingerprint(): canonical forms in clients/KEYS.md
+//   types.ts    Outcome, State and the typed results of the RPCs
+//   errors.ts   one error class per status a caller can act on
+//   testing.ts  start a real server for tests
+//   generated/  types generated from proto/ by scripts/generate.mjs (not committed)
+export { IdempotencyClient, DEFAULT_TIMEOUT_MS } from "./client";
+export type { ClientOptions, CallOptions, ClaimOptions, CompleteOptions, ExtendLeaseOptions, Logger } from "./client";
+export { JSON_SERIALIZER, BYTES_SERIALIZER } from "./once";
+export type { Lease, OnceOptions, OnceResult, Serializer } from "./once";
+export { deriveKey, keyEncoding, fingerprint, canonicalJson } from "./keys";
+export type { KeyField } from "./keys";
+export { Outcome, State } from "./types";
+export type {
+  ClaimResult,
+  Claimed,
+  InProgressClaim,
+  CompletedClaim,
+  FingerprintMismatchClaim,
+  CompleteResult,
+  ExtendLeaseResult,
+  KeyRecord,
+} from "./types";
+export {
+  IdempotencyError,
+  InvalidArgument,
+  KeyNotFound,
+  LeaseNotCurrent,
+  Unavailable,
+  FingerprintMismatch,
+  InProgress,
+  LeaseLost,
+} from "./errors";

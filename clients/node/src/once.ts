@@ -1,0 +1,251 @@
+// Run a piece of work once per key: the lifecycle every caller would otherwise rewrite.
+//
+// Claim, then by outcome:
+//   CLAIMED              run the work while a heartbeat extends the lease; on
+//                        success Complete with the serialised result, when the
+//                        work throws Release (so the next delivery retries) and
+//                        rethrow; if the lease was lost meanwhile, never
+//                        Complete and throw LeaseLost.
+//   COMPLETED            the replay: the stored result, deserialised; the work does not run.
+//   FINGERPRINT_MISMATCH throw FingerprintMismatch.
+//   IN_PROGRESS          onInProgress "wait": Claim again with backoff until
+//                        waitTimeoutMs (then throw InProgress); "throw": throw InProgress.
+import type { IdempotencyClient } from "./client";
+import {
+  FingerprintMismatch,
+  IdempotencyError,
+  InProgress,
+  KeyNotFound,
+  LeaseLost,
+  LeaseNotCurrent,
+} from "./errors";
+import type { ClaimResult, Claimed, InProgressClaim } from "./types";
+
+/** How once() turns the work's result into Complete's response bytes and back. */
+export interface Serializer<T> {
+  serialize(value: T): Uint8Array;
+  deserialize(data: Buffer): T;
+}
+
+/** Compact UTF-8 JSON: what the Python client's once() stores too. `undefined` is stored as null. */
+export const JSON_SERIALIZER: Serializer<any> = {
+  serialize: (value) => Buffer.from(JSON.stringify(value === undefined ? null : value), "utf8"),
+  deserialize: (data) => JSON.parse(data.toString("utf8")),
+};
+
+/** The result is already bytes (a rendered HTTP body, a protobuf message). */
+export const BYTES_SERIALIZER: Serializer<Uint8Array> = {
+  serialize: (value) => {
+    if (!(value instanceof Uint8Array)) throw new TypeError("BYTES_SERIALIZER: the result must be bytes");
+    return value;
+  },
+  deserialize: (data) => data,
+};
+
+export interface OnceOptions<T> {
+  /** The payload's fingerprint (e.g. fingerprint(body)): a different one for the same key throws FingerprintMismatch. */
+  fingerprint?: Uint8Array;
+  /** The lease's length; the server's default (30 s) when omitted. */
+  leaseTtlMs?: number;
+  /** How long the result is kept and replayed; the server's default when omitted. */
+  retentionMs?: number;
+  /** When another claimant holds the lease: wait for it (default) or throw InProgress at once. */
+  onInProgress?: "wait" | "throw";
+  /** How long to wait on another claimant before throwing InProgress (default 30 s). */
+  waitTimeoutMs?: number;
+  /** Default: JSON. */
+  serializer?: Serializer<T>;
+  /** Extend the lease while the work runs (default true). */
+  heartbeat?: boolean;
+  /** Default: a third of leaseTtlMs (of 30 s when that is omitted). */
+  heartbeatIntervalMs?: number;
+}
+
+/** What the work receives when this attempt holds the lease. */
+export interface Lease {
+  leaseToken: string;
+  /** Hand it to downstream writes so they can reject an older lease holder. */
+  fencingToken: bigint;
+  leaseExpiresAt: Date;
+  /** Aborted (with a LeaseLost reason) when the heartbeat finds the lease gone: stop the work early. */
+  signal: AbortSignal;
+}
+
+export interface OnceResult<T> {
+  value: T;
+  /** True when the work was done before and `value` is the stored result. */
+  replayed: boolean;
+  /** The Claim that won the lease, or the one that found the stored result. */
+  claim: ClaimResult;
+}
+
+const DEFAULT_WAIT_TIMEOUT_MS = 30_000;
+/** The server's default lease when the caller sets none; only used to pace the heartbeat. */
+const SERVER_DEFAULT_LEASE_MS = 30_000;
+/** First pause while waiting on another claimant; doubles on each attempt. */
+const FIRST_WAIT_MS = 100;
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+function leaseGone(error: unknown): error is LeaseNotCurrent | KeyNotFound {
+  return error instanceof LeaseNotCurrent || error instanceof KeyNotFound;
+}
+
+/**
+ * How long to wait before claiming again: exponential from 100 ms, so an early
+ * Complete is seen soon, but never past the other lease's expiry (retryAfterMs)
+ * nor past the caller's waitTimeoutMs.
+ */
+export function nextPause(attempt: number, claim: InProgressClaim, remainingMs: number): number {
+  const pause = Math.min(FIRST_WAIT_MS * 2 ** attempt, Math.max(claim.retryAfterMs, 10));
+  return Math.max(0, Math.min(pause, remainingMs));
+}
+
+export async function runOnce<T>(
+  client: IdempotencyClient,
+  namespace: string,
+  key: string,
+  work: (lease: Lease) => T | Promise<T>,
+  options: OnceOptions<T> = {},
+): Promise<OnceResult<T>> {
+  const serializer = options.serializer ?? (JSON_SERIALIZER as Serializer<T>);
+  const onInProgress = options.onInProgress ?? "wait";
+  if (onInProgress !== "wait" && onInProgress !== "throw") {
+    throw new TypeError('once(): onInProgress must be "wait" or "throw"');
+  }
+  const deadline = Date.now() + (options.waitTimeoutMs ?? DEFAULT_WAIT_TIMEOUT_MS);
+  const where = `${namespace}/${key}`;
+
+  for (let attempt = 0; ; attempt++) {
+    const claim = await client.claim(namespace, key, {
+      fingerprint: options.fingerprint,
+      leaseTtlMs: options.leaseTtlMs,
+      retentionMs: options.retentionMs,
+    });
+    switch (claim.outcome) {
+      case "CLAIMED":
+        return { value: await runClaimed(client, namespace, key, claim, work, serializer, options), replayed: false, claim };
+      case "COMPLETED":
+        return { value: serializer.deserialize(claim.response), replayed: true, claim };
+      case "FINGERPRINT_MISMATCH":
+        throw new FingerprintMismatch(`${where}: the key was seen with another payload fingerprint`);
+      case "IN_PROGRESS": {
+        const remaining = deadline - Date.now();
+        if (onInProgress === "throw" || remaining <= 0) {
+          const how = onInProgress === "throw" ? "in progress" : `still in progress after waiting ${options.waitTimeoutMs ?? DEFAULT_WAIT_TIMEOUT_MS} ms`;
+          throw new InProgress(
+            `${where}: ${how} (another claimant holds the lease; retry after ${claim.retryAfterMs} ms)`,
+            claim.retryAfterMs,
+            claim.leaseExpiresAt,
+          );
+        }
+        await sleep(nextPause(attempt, claim, remaining));
+      }
+    }
+  }
+}
+
+async function runClaimed<T>(
+  client: IdempotencyClient,
+  namespace: string,
+  key: string,
+  claim: Claimed,
+  work: (lease: Lease) => T | Promise<T>,
+  serializer: Serializer<T>,
+  options: OnceOptions<T>,
+): Promise<T> {
+  const where = `${namespace}/${key}`;
+  const heartbeat = new Heartbeat(client, namespace, key, claim.leaseToken, options);
+
+  let value: T;
+  let response: Uint8Array;
+  try {
+    value = await work({
+      leaseToken: claim.leaseToken,
+      fencingToken: claim.fencingToken,
+      leaseExpiresAt: claim.leaseExpiresAt,
+      signal: heartbeat.signal,
+    });
+    await heartbeat.stop();
+    if (heartbeat.lost) {
+      throw new LeaseLost(`${where}: the lease was lost while the work ran; the result was not stored`, {
+        cause: heartbeat.lost,
+      });
+    }
+    response = serializer.serialize(value);
+  } catch (failure) {
+    await heartbeat.stop();
+    if (!heartbeat.lost) {
+      // Give the key back so the next delivery retries; never hide the failure.
+      try {
+        await client.release(namespace, key, claim.leaseToken);
+      } catch (error) {
+        client.logger.warn(`idempotency once(): Release after a failed attempt failed: ${(error as Error).message}`);
+      }
+    }
+    throw failure;
+  }
+
+  try {
+    await client.complete(namespace, key, claim.leaseToken, response, { retentionMs: options.retentionMs });
+  } catch (error) {
+    if (leaseGone(error)) {
+      throw new LeaseLost(`${where}: the lease was lost before Complete; the result was not stored`, { cause: error });
+    }
+    throw error;
+  }
+  return value;
+}
+
+/** Extends the lease every interval until stopped, or until the server says it is gone. */
+class Heartbeat {
+  private readonly controller = new AbortController();
+  private timer: NodeJS.Timeout | undefined;
+  private inFlight: Promise<void> | undefined;
+  private stopped = false;
+  lost: IdempotencyError | undefined;
+
+  constructor(
+    private readonly client: IdempotencyClient,
+    private readonly namespace: string,
+    private readonly key: string,
+    private readonly leaseToken: string,
+    private readonly options: OnceOptions<unknown>,
+  ) {
+    if (options.heartbeat === false) return;
+    this.schedule(options.heartbeatIntervalMs ?? (options.leaseTtlMs ?? SERVER_DEFAULT_LEASE_MS) / 3);
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  private schedule(intervalMs: number): void {
+    this.timer = setTimeout(() => {
+      this.inFlight = this.beat().then(() => {
+        if (!this.stopped && !this.lost) this.schedule(intervalMs);
+      });
+    }, intervalMs);
+    this.timer.unref();
+  }
+
+  private async beat(): Promise<void> {
+    try {
+      await this.client.extendLease(this.namespace, this.key, this.leaseToken, { leaseTtlMs: this.options.leaseTtlMs });
+    } catch (error) {
+      if (leaseGone(error)) {
+        this.lost = error;
+        this.controller.abort(new LeaseLost(`${this.namespace}/${this.key}: the lease was lost`, { cause: error }));
+      } else {
+        // Transient: the lease may well still be ours, and the final Complete tells for sure.
+        this.client.logger.warn(`idempotency heartbeat: ExtendLease failed: ${(error as Error).message}`);
+      }
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    await this.inFlight;
+  }
+}

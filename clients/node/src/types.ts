@@ -1,0 +1,165 @@
+// Typed results of the five RPCs, and their conversion from the wire.
+import type { ClaimResponse__Output } from "./generated/idempotency/v1/ClaimResponse";
+import type { GetResponse__Output } from "./generated/idempotency/v1/GetResponse";
+import type { Duration } from "./generated/google/protobuf/Duration";
+import type { Timestamp__Output } from "./generated/google/protobuf/Timestamp";
+import type { Duration__Output } from "./generated/google/protobuf/Duration";
+import { IdempotencyError } from "./errors";
+
+/** What a Claim found (proto enum idempotency.v1.Outcome, without its prefix). */
+export const Outcome = {
+  /** You hold the lease: do the work, then complete() or release(). */
+  CLAIMED: "CLAIMED",
+  /** Another claimant holds a live lease: try again after retryAfterMs. */
+  IN_PROGRESS: "IN_PROGRESS",
+  /** The work was done already: response is the stored result (the replay). */
+  COMPLETED: "COMPLETED",
+  /** The key was seen with another payload fingerprint; nothing changed. */
+  FINGERPRINT_MISMATCH: "FINGERPRINT_MISMATCH",
+} as const;
+export type Outcome = (typeof Outcome)[keyof typeof Outcome];
+
+/** The state of a key's record as get() reports it (proto enum idempotency.v1.State). */
+export const State = {
+  ABSENT: "ABSENT",
+  IN_PROGRESS: "IN_PROGRESS",
+  COMPLETED: "COMPLETED",
+  RELEASED: "RELEASED",
+} as const;
+export type State = (typeof State)[keyof typeof State];
+
+/** You hold the lease. */
+export interface Claimed {
+  outcome: "CLAIMED";
+  /** The lease's secret (32 lowercase hex characters): pass it to complete, release and extendLease. */
+  leaseToken: string;
+  /** One more than the key's previous Claim; hand it to downstream writes so they can reject an older holder. */
+  fencingToken: bigint;
+  leaseExpiresAt: Date;
+  /** When the record expires if nobody completes it. */
+  expiresAt: Date | null;
+}
+
+/** Another claimant holds a live lease. */
+export interface InProgressClaim {
+  outcome: "IN_PROGRESS";
+  /** When the other claimant's lease runs out. */
+  leaseExpiresAt: Date | null;
+  /** The time left on the other claimant's lease. */
+  retryAfterMs: number;
+  expiresAt: Date | null;
+}
+
+/** The work was done already: the replay. */
+export interface CompletedClaim {
+  outcome: "COMPLETED";
+  /** The stored response (possibly empty). */
+  response: Buffer;
+  /** When the stored result expires. */
+  expiresAt: Date | null;
+}
+
+/** The key was seen with another payload fingerprint. */
+export interface FingerprintMismatchClaim {
+  outcome: "FINGERPRINT_MISMATCH";
+}
+
+/** What claim() returns: switch on `outcome` and TypeScript knows which fields are there. */
+export type ClaimResult = Claimed | InProgressClaim | CompletedClaim | FingerprintMismatchClaim;
+
+export interface CompleteResult {
+  /** Until then every Claim of the key replays the stored response. */
+  expiresAt: Date;
+}
+
+export interface ExtendLeaseResult {
+  leaseExpiresAt: Date;
+}
+
+/** A key's record as get() reports it; ABSENT leaves every other field null. */
+export interface KeyRecord {
+  state: State;
+  fencingToken: bigint | null;
+  fingerprint: Buffer | null;
+  /** COMPLETED only. */
+  response: Buffer | null;
+  /** IN_PROGRESS only; may be in the past (the next Claim takes the lease). */
+  leaseExpiresAt: Date | null;
+  expiresAt: Date | null;
+  createdAt: Date | null;
+  updatedAt: Date | null;
+}
+
+export function toDuration(ms: number | undefined, field: string): Duration | null {
+  if (ms === undefined) return null;
+  if (typeof ms !== "number" || !Number.isFinite(ms)) {
+    throw new TypeError(`${field}: expected milliseconds, got ${ms}`);
+  }
+  const sign = ms < 0 ? -1 : 1;
+  const abs = Math.abs(ms);
+  const seconds = Math.floor(abs / 1000);
+  const nanos = Math.round((abs - seconds * 1000) * 1e6);
+  return { seconds: sign * seconds, nanos: sign * nanos };
+}
+
+export function toDate(timestamp: Timestamp__Output | null | undefined): Date | null {
+  if (!timestamp) return null;
+  return new Date(Number(timestamp.seconds) * 1000 + Math.floor(timestamp.nanos / 1e6));
+}
+
+function toMs(duration: Duration__Output | null | undefined): number | null {
+  if (!duration) return null;
+  return Number(duration.seconds) * 1000 + duration.nanos / 1e6;
+}
+
+function required<T>(value: T | null, what: string): T {
+  if (value === null) throw new IdempotencyError(`the server's answer lacks ${what}`);
+  return value;
+}
+
+export function claimResult(message: ClaimResponse__Output): ClaimResult {
+  switch (message.outcome) {
+    case "OUTCOME_CLAIMED":
+      return {
+        outcome: "CLAIMED",
+        leaseToken: message.leaseToken,
+        fencingToken: BigInt(message.fencingToken),
+        leaseExpiresAt: required(toDate(message.leaseExpiresAt), "lease_expires_at"),
+        expiresAt: toDate(message.expiresAt),
+      };
+    case "OUTCOME_IN_PROGRESS":
+      return {
+        outcome: "IN_PROGRESS",
+        leaseExpiresAt: toDate(message.leaseExpiresAt),
+        retryAfterMs: toMs(message.retryAfter) ?? 0,
+        expiresAt: toDate(message.expiresAt),
+      };
+    case "OUTCOME_COMPLETED":
+      return { outcome: "COMPLETED", response: Buffer.from(message.response), expiresAt: toDate(message.expiresAt) };
+    case "OUTCOME_FINGERPRINT_MISMATCH":
+      return { outcome: "FINGERPRINT_MISMATCH" };
+    default:
+      throw new IdempotencyError(`Claim: unexpected outcome ${message.outcome}`);
+  }
+}
+
+export function keyRecord(message: GetResponse__Output): KeyRecord {
+  const state = message.state.replace(/^STATE_/, "") as State | "UNSPECIFIED";
+  if (state === "UNSPECIFIED") throw new IdempotencyError("Get: unexpected state STATE_UNSPECIFIED");
+  if (state === "ABSENT") {
+    return {
+      state, fencingToken: null, fingerprint: null, response: null,
+      leaseExpiresAt: null, expiresAt: null, createdAt: null, updatedAt: null,
+    };
+  }
+  return {
+    state,
+    fencingToken: BigInt(message.fencingToken),
+    fingerprint: Buffer.from(message.fingerprint),
+    response: state === "COMPLETED" ? Buffer.from(message.response) : null,
+    leaseExpiresAt: toDate(message.leaseExpiresAt),
+    expiresAt: toDate(message.expiresAt),
+    createdAt: toDate(message.createdAt),
+    updatedAt: toDate(message.updatedAt),
+  };
+}

@@ -1,0 +1,68 @@
+"""Python client of idempotency-service.
+
+Modules:
+  client       IdempotencyClient: Claim, Complete, Release, ExtendLease, Get, and once()
+  aio          AsyncIdempotencyClient: the same over grpc.aio
+  once         the run-once lifecycle (Claim, work, Complete or Release, replay, heartbeat)
+  keys         derive_key() and fingerprint(): canonical forms in clients/KEYS.md
+  types        Outcome, State and the typed results of the RPCs
+  errors       one exception class per status a caller can act on
+  serializers  how once() stores results (JSON by default)
+  _proto       stubs generated from proto/ by gen_proto.py (not committed)
+"""
+
+from .aio import AsyncIdempotencyClient, AsyncOnce, AsyncRun
+from .client import IdempotencyClient
+from .errors import (
+    FingerprintMismatch,
+    IdempotencyError,
+    InProgress,
+    InvalidArgument,
+    KeyNotFound,
+    LeaseLost,
+    LeaseNotCurrent,
+    Unavailable,
+)
+from .keys import canonical_json, derive_key, fingerprint, key_encoding
+from .once import Once, Run
+from .serializers import BYTES, JSON, BytesSerializer, JsonSerializer, Serializer
+from .types import (
+    ClaimResult,
+    CompleteResult,
+    ExtendLeaseResult,
+    Outcome,
+    Record,
+    State,
+)
+
+__all__ = [
+    "AsyncIdempotencyClient",
+    "AsyncOnce",
+    "AsyncRun",
+    "BYTES",
+    "BytesSerializer",
+    "ClaimResult",
+    "CompleteResult",
+    "ExtendLeaseResult",
+    "FingerprintMismatch",
+    "IdempotencyClient",
+    "IdempotencyError",
+    "InProgress",
+    "InvalidArgument",
+    "JSON",
+    "JsonSerializer",
+    "KeyNotFound",
+    "LeaseLost",
+    "LeaseNotCurrent",
+    "Once",
+    "Outcome",
+    "Record",
+    "Run",
+    "Serializer",
+    "State",
+    "Unavailable",
+    "canonical_json",
+    "derive_key",
+    "fingerprint",
+    "key_encoding",
+]

@@ -1,0 +1,212 @@
+"""IdempotencyClient: the five RPCs over a synchronous gRPC channel, with typed
+results and typed errors, and once() built on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple
+
+import grpc
+
+from . import types
+from ._proto import idempotency_pb2 as pb
+from ._proto import idempotency_pb2_grpc as pb_grpc
+from .errors import from_rpc_error
+from .once import FingerprintLike, KeyLike, Once, Settings
+from .serializers import JSON, Serializer
+from .types import (
+    ClaimResult,
+    CompleteResult,
+    DurationLike,
+    ExtendLeaseResult,
+    Record,
+)
+
+#: Per-call deadline unless the client or the call sets another, in seconds.
+DEFAULT_TIMEOUT = 10.0
+
+ChannelOptions = Optional[Sequence[Tuple[str, Any]]]
+
+
+def _fingerprint_bytes(fingerprint: Any) -> bytes:
+    if isinstance(fingerprint, (bytes, bytearray, memoryview)):
+        return bytes(fingerprint)
+    raise TypeError(
+        "fingerprint must be bytes (e.g. idempotency_client.fingerprint(payload)),"
+        f" got {type(fingerprint).__name__}"
+    )
+
+
+def claim_request(namespace, key, fingerprint, lease_ttl, retention) -> pb.ClaimRequest:
+    return pb.ClaimRequest(
+        namespace=namespace,
+        key=key,
+        fingerprint=_fingerprint_bytes(fingerprint),
+        lease_ttl=types.to_duration(lease_ttl, "lease_ttl"),
+        retention=types.to_duration(retention, "retention"),
+    )
+
+
+def complete_request(namespace, key, lease_token, response, retention) -> pb.CompleteRequest:
+    if not isinstance(response, (bytes, bytearray, memoryview)):
+        raise TypeError(f"response must be bytes, got {type(response).__name__}")
+    return pb.CompleteRequest(
+        namespace=namespace,
+        key=key,
+        lease_token=lease_token,
+        response=bytes(response),
+        retention=types.to_duration(retention, "retention"),
+    )
+
+
+def extend_lease_request(namespace, key, lease_token, lease_ttl) -> pb.ExtendLeaseRequest:
+    return pb.ExtendLeaseRequest(
+        namespace=namespace,
+        key=key,
+        lease_token=lease_token,
+        lease_ttl=types.to_duration(lease_ttl, "lease_ttl"),
+    )
+
+
+class IdempotencyClient:
+    """A client of idempotency-service.
+
+        client = IdempotencyClient("127.0.0.1:50051")
+
+    `credentials` (grpc.ChannelCredentials) makes a TLS channel; without it the
+    channel is plaintext. `timeout` is each call's deadline in seconds. An
+    existing `channel` may be passed instead of a target. Errors are raised as
+    the classes in idempotency_client.errors, never as bare grpc.RpcError.
+    """
+
+    def __init__(
+        self,
+        target: Optional[str] = None,
+        *,
+        credentials: Optional[grpc.ChannelCredentials] = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        options: ChannelOptions = None,
+        channel: Optional[grpc.Channel] = None,
+    ):
+        if channel is None:
+            if target is None:
+                raise TypeError("IdempotencyClient needs a target or a channel")
+            if credentials is None:
+                channel = grpc.insecure_channel(target, options=options)
+            else:
+                channel = grpc.secure_channel(target, credentials, options=options)
+        self._channel = channel
+        self._stub = pb_grpc.IdempotencyServiceStub(channel)
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "IdempotencyClient":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _call(self, name: str, method, request, timeout: Optional[float]):
+        try:
+            return method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error, name) from error
+
+    def claim(
+        self,
+        namespace: str,
+        key: str,
+        *,
+        fingerprint: bytes = b"",
+        lease_ttl: Optional[DurationLike] = None,
+        retention: Optional[DurationLike] = None,
+        timeout: Optional[float] = None,
+    ) -> ClaimResult:
+        """Try to take the lease on a key. Losing a race is Outcome.IN_PROGRESS, not an error."""
+        request = claim_request(namespace, key, fingerprint, lease_ttl, retention)
+        return types.claim_result(self._call("Claim", self._stub.Claim, request, timeout))
+
+    def complete(
+        self,
+        namespace: str,
+        key: str,
+        lease_token: str,
+        response: bytes = b"",
+        *,
+        retention: Optional[DurationLike] = None,
+        timeout: Optional[float] = None,
+    ) -> CompleteResult:
+        """Store the work's result; later Claims replay it. Safe to retry."""
+        request = complete_request(namespace, key, lease_token, response, retention)
+        return types.complete_result(self._call("Complete", self._stub.Complete, request, timeout))
+
+    def release(
+        self, namespace: str, key: str, lease_token: str, *, timeout: Optional[float] = None
+    ) -> None:
+        """Give a failed attempt back: the key is claimable again at once."""
+        request = pb.ReleaseRequest(namespace=namespace, key=key, lease_token=lease_token)
+        self._call("Release", self._stub.Release, request, timeout)
+
+    def extend_lease(
+        self,
+        namespace: str,
+        key: str,
+        lease_token: str,
+        *,
+        lease_ttl: Optional[DurationLike] = None,
+        timeout: Optional[float] = None,
+    ) -> ExtendLeaseResult:
+        """Keep a long piece of work's lease alive: it now ends lease_ttl from now."""
+        request = extend_lease_request(namespace, key, lease_token, lease_ttl)
+        return types.extend_lease_result(
+            self._call("ExtendLease", self._stub.ExtendLease, request, timeout)
+        )
+
+    def get(self, namespace: str, key: str, *, timeout: Optional[float] = None) -> Record:
+        """Inspect a key's record without changing it."""
+        request = pb.GetRequest(namespace=namespace, key=key)
+        return types.record(self._call("Get", self._stub.Get, request, timeout))
+
+    def once(
+        self,
+        namespace: str,
+        key: KeyLike,
+        *,
+        fingerprint: FingerprintLike = b"",
+        lease_ttl: Optional[DurationLike] = None,
+        retention: Optional[DurationLike] = None,
+        on_in_progress: str = "wait",
+        wait_timeout: DurationLike = 30.0,
+        serializer: Serializer = JSON,
+        heartbeat: bool = True,
+        heartbeat_interval: Optional[DurationLike] = None,
+    ) -> Once:
+        """Run work once per key: a context manager, or a decorator.
+
+            with client.once("payments", key, fingerprint=fp) as run:
+                receipt = run(charge, order)
+
+            @client.once("payments", key=lambda order: derive_key(order["id"]))
+            def charge(order): ...
+
+        See idempotency_client.once for the lifecycle. `lease_ttl` and
+        `retention` default to the server's; the heartbeat extends the lease
+        every heartbeat_interval (default lease_ttl / 3) while the work runs.
+        """
+        return Once(
+            self,
+            Settings(
+                namespace=namespace,
+                key=key,
+                fingerprint=fingerprint,
+                lease_ttl=lease_ttl,
+                retention=retention,
+                on_in_progress=on_in_progress,
+                wait_timeout=wait_timeout,
+                serializer=serializer,
+                heartbeat=heartbeat,
+                heartbeat_interval=heartbeat_interval,
+            ),
+        )

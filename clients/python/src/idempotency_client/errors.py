@@ -1,0 +1,96 @@
+"""The errors a caller can act on, one class per gRPC status the service uses,
+plus the run-once helper's own outcomes (InProgress, FingerprintMismatch, LeaseLost).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Optional
+
+import grpc
+
+
+class IdempotencyError(Exception):
+    """Base class of every error raised by this package."""
+
+    #: The gRPC status code behind the error, when a call failed.
+    code: Optional[grpc.StatusCode] = None
+
+    def __init__(self, message: str, *, code: Optional[grpc.StatusCode] = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class InvalidArgument(IdempotencyError, ValueError):
+    """INVALID_ARGUMENT: a field is missing, too long or malformed; the message
+    names the field. Nothing was changed; retrying the same call cannot help."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class KeyNotFound(IdempotencyError):
+    """NOT_FOUND: Complete, Release or ExtendLease on a key that does not exist
+    or whose record expired."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class LeaseNotCurrent(IdempotencyError):
+    """FAILED_PRECONDITION: the lease token is not the key's current one (the
+    lease was lost to another claimant, was released, or the key is completed)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(IdempotencyError):
+    """UNAVAILABLE (or DEADLINE_EXCEEDED): the service or its store cannot be
+    reached; retry with backoff."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class FingerprintMismatch(IdempotencyError):
+    """once(): the key was already seen with another payload fingerprint, i.e. the
+    same event identity arrived with a different payload. Nothing was changed."""
+
+
+class InProgress(IdempotencyError):
+    """once(): another claimant holds the key's lease (and, when waiting, still
+    held it when wait_timeout ran out)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: Optional[timedelta],
+        lease_expires_at: Optional[datetime],
+    ):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.lease_expires_at = lease_expires_at
+
+
+class LeaseLost(IdempotencyError):
+    """once(): the lease was lost while the work ran (the heartbeat's ExtendLease
+    or the final Complete answered FAILED_PRECONDITION or NOT_FOUND), so the
+    result was NOT stored: someone else may be doing the work. The work's
+    effect happened; whether to compensate is the caller's decision. The
+    underlying error is the exception's __cause__."""
+
+
+_BY_CODE = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: KeyNotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: LeaseNotCurrent,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+}
+
+
+def from_rpc_error(error: grpc.RpcError, method: str) -> IdempotencyError:
+    """The typed error for a failed call (grpc.RpcError and grpc.aio.AioRpcError)."""
+    code = error.code()
+    details = error.details() or code.name
+    cls = _BY_CODE.get(code, IdempotencyError)
+    return cls(f"{method}: {code.name}: {details}", code=code)

@@ -1,0 +1,163 @@
+"""Typed results of the five RPCs, and their conversion from the wire.
+
+Fields that the server sets only for some outcomes are None for the others, so
+`result.response is None` means "no replay", never "an empty replay".
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Optional, Union
+
+from google.protobuf import duration_pb2
+
+from ._proto import idempotency_pb2 as pb
+
+#: A duration as the client accepts it: a timedelta or a number of seconds.
+DurationLike = Union[timedelta, int, float]
+
+
+class Outcome(enum.IntEnum):
+    """What a Claim found (proto enum idempotency.v1.Outcome)."""
+
+    UNSPECIFIED = pb.OUTCOME_UNSPECIFIED
+    #: You hold the lease: do the work, then Complete or Release.
+    CLAIMED = pb.OUTCOME_CLAIMED
+    #: Another claimant holds a live lease: try again after retry_after.
+    IN_PROGRESS = pb.OUTCOME_IN_PROGRESS
+    #: The work was done already: response is the stored result (the replay).
+    COMPLETED = pb.OUTCOME_COMPLETED
+    #: The key was seen with another payload fingerprint; nothing changed.
+    FINGERPRINT_MISMATCH = pb.OUTCOME_FINGERPRINT_MISMATCH
+
+
+class State(enum.IntEnum):
+    """The state of a key's record as Get reports it (proto enum idempotency.v1.State)."""
+
+    UNSPECIFIED = pb.STATE_UNSPECIFIED
+    ABSENT = pb.STATE_ABSENT
+    IN_PROGRESS = pb.STATE_IN_PROGRESS
+    COMPLETED = pb.STATE_COMPLETED
+    RELEASED = pb.STATE_RELEASED
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    outcome: Outcome
+    #: CLAIMED: the lease's secret (32 lowercase hex characters).
+    lease_token: Optional[str]
+    #: CLAIMED: one more than the key's previous Claim; hand it to downstream
+    #: writes so they can reject an older lease holder.
+    fencing_token: Optional[int]
+    #: CLAIMED: when your lease runs out; IN_PROGRESS: when the other one's does.
+    lease_expires_at: Optional[datetime]
+    #: COMPLETED: the stored response (the replay), possibly b"".
+    response: Optional[bytes]
+    #: COMPLETED: when the stored result expires; CLAIMED/IN_PROGRESS: when the
+    #: record expires if nobody completes it.
+    expires_at: Optional[datetime]
+    #: IN_PROGRESS: the time left on the other claimant's lease.
+    retry_after: Optional[timedelta]
+
+    @property
+    def claimed(self) -> bool:
+        return self.outcome is Outcome.CLAIMED
+
+
+@dataclass(frozen=True)
+class CompleteResult:
+    #: Until then every Claim of the key replays the stored response.
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class ExtendLeaseResult:
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Record:
+    """A key's record as Get reports it; ABSENT leaves every other field None."""
+
+    state: State
+    fencing_token: Optional[int]
+    fingerprint: Optional[bytes]
+    #: COMPLETED only.
+    response: Optional[bytes]
+    #: IN_PROGRESS only; may be in the past (the next Claim takes the lease).
+    lease_expires_at: Optional[datetime]
+    expires_at: Optional[datetime]
+    created_at: Optional[datetime]
+    updated_at: Optional[datetime]
+
+
+def to_duration(value: Optional[DurationLike], field: str) -> Optional[duration_pb2.Duration]:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"{field}: expected a timedelta or seconds, got {type(value).__name__}")
+    duration = duration_pb2.Duration()
+    duration.FromTimedelta(timedelta(seconds=seconds))
+    return duration
+
+
+def seconds_of(value: Optional[DurationLike]) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return float(value)
+
+
+def _time(message, field: str) -> Optional[datetime]:
+    if not message.HasField(field):
+        return None
+    return getattr(message, field).ToDatetime(tzinfo=timezone.utc)
+
+
+def claim_result(message: pb.ClaimResponse) -> ClaimResult:
+    outcome = Outcome(message.outcome)
+    claimed = outcome is Outcome.CLAIMED
+    return ClaimResult(
+        outcome=outcome,
+        lease_token=message.lease_token if claimed else None,
+        fencing_token=message.fencing_token if claimed else None,
+        lease_expires_at=_time(message, "lease_expires_at"),
+        response=bytes(message.response) if outcome is Outcome.COMPLETED else None,
+        expires_at=_time(message, "expires_at"),
+        retry_after=(
+            message.retry_after.ToTimedelta() if message.HasField("retry_after") else None
+        ),
+    )
+
+
+def complete_result(message: pb.CompleteResponse) -> CompleteResult:
+    return CompleteResult(expires_at=message.expires_at.ToDatetime(tzinfo=timezone.utc))
+
+
+def extend_lease_result(message: pb.ExtendLeaseResponse) -> ExtendLeaseResult:
+    return ExtendLeaseResult(
+        lease_expires_at=message.lease_expires_at.ToDatetime(tzinfo=timezone.utc)
+    )
+
+
+def record(message: pb.GetResponse) -> Record:
+    state = State(message.state)
+    if state is State.ABSENT:
+        return Record(state, None, None, None, None, None, None, None)
+    return Record(
+        state=state,
+        fencing_token=message.fencing_token,
+        fingerprint=bytes(message.fingerprint),
+        response=bytes(message.response) if state is State.COMPLETED else None,
+        lease_expires_at=_time(message, "lease_expires_at"),
+        expires_at=_time(message, "expires_at"),
+        created_at=_time(message, "created_at"),
+        updated_at=_time(message, "updated_at"),
+    )
