@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every test of the project, in one command (the README's):
+#   1. one release build, shared by everything below;
+#   2. the Rust suites (unit tests, the conformance suite on PostgreSQL and
+#      SQLite, outages, crashes, the binary) with cargo-nextest;
+#   3. the client suites (Python, TypeScript, Go, cross-language), each against
+#      the real server binary;
+#   4. the deployment checks (Helm chart, proto lint and breaking changes).
+#
+# Needs PostgreSQL on 127.0.0.1:5432 with trust auth for user postgres
+# (TEST_POSTGRES_URL overrides). Each step installs what it lacks (pip and npm
+# packages into gitignored folders; Debian packages for Go and Node).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export TEST_POSTGRES_URL="${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+export IDEMPOTENCY_BIN="$PWD/target/release/idempotency-service"
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "release build"
+cargo build --release --locked --bins --tests
+
+step "Rust tests (cargo nextest, release)"
+# The tests make one schema each in this database; start it empty.
+psql "$TEST_POSTGRES_URL" -qc 'DROP DATABASE IF EXISTS idempotency_test WITH (FORCE)' >/dev/null
+if command -v cargo-nextest >/dev/null 2>&1; then
+  cargo nextest run --release --locked --no-fail-fast
+else
+  cargo test --release --locked --no-fail-fast
+fi
+
+step "Python client"
+bash clients/python/run-tests.sh -q
+step "TypeScript client"
+bash clients/node/run-tests.sh
+step "Cross-language (Python <-> Node)"
+bash clients/cross-language-test.sh
+step "Go example"
+bash clients/go/run-tests.sh
+
+step "Proto: buf lint and buf breaking"
+bash scripts/check-proto.sh
+step "Helm chart"
+bash scripts/check-helm.sh
