@@ -321,8 +321,9 @@ pub struct Lease {
 /// What a Claim tells the caller to do next.
 #[derive(Debug, Clone)]
 pub enum ClaimOutcome {
-    /// Do the work, then Complete or Release.
-    Claimed(Lease),
+    /// Do the work, then Complete or Release. `took_over` says the key was
+    /// taken from a claimant whose lease had expired (it died or was too slow).
+    Claimed { lease: Lease, took_over: bool },
     /// Someone else holds a live lease: try again after `retry_after`.
     InProgress {
         lease_expires_at: SystemTime,
@@ -342,7 +343,7 @@ impl ClaimOutcome {
     /// A short name for logs and metrics.
     pub fn name(&self) -> &'static str {
         match self {
-            Self::Claimed(_) => "claimed",
+            Self::Claimed { .. } => "claimed",
             Self::InProgress { .. } => "in_progress",
             Self::Completed { .. } => "completed",
             Self::FingerprintMismatch => "fingerprint_mismatch",

@@ -42,6 +42,7 @@ pub async fn watch_store<S: Store>(
                 false
             }
         };
+        crate::metrics::record_store_up(now_serving);
         if serving != Some(now_serving) {
             if now_serving && serving.is_some() {
                 tracing::info!(

@@ -17,17 +17,21 @@
 //!   implementations, each with its SQL and migrations. The only place with SQL.
 //! - [`health`]: grpc.health.v1, SERVING only while the store answers.
 //! - [`reaper`]: deletes expired records in bounded batches.
+//! - [`metrics`]: Prometheus metrics, bounded labels.
+//! - [`admin`]: the operator's command line (get, purge, stats).
 //! - [`config`]: flags and environment variables.
-//! - [`telemetry`]: log output.
+//! - [`telemetry`]: logs (text or JSON) and optional OpenTelemetry traces.
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod config;
 pub mod domain;
 pub mod error;
 pub mod grpc;
 pub mod health;
 pub mod lifecycle;
+pub mod metrics;
 pub mod reaper;
 pub mod server;
 pub mod store;

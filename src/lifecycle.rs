@@ -50,7 +50,11 @@ pub struct Lifecycle<S> {
 /// What a Claim should do after reading the key.
 enum Verdict {
     Answer(ClaimOutcome),
-    TryClaim,
+    /// Try the guarded claim; `takeover` when the key is held under a lease
+    /// that has run out.
+    TryClaim {
+        takeover: bool,
+    },
 }
 
 impl<S: Store> Lifecycle<S> {
@@ -87,9 +91,12 @@ impl<S: Store> Lifecycle<S> {
                 .await?;
             match judge(snapshot, new_lease.fingerprint.as_ref()) {
                 Verdict::Answer(outcome) => return Ok(outcome),
-                Verdict::TryClaim => {
+                Verdict::TryClaim { takeover } => {
                     if let Some(lease) = self.store.try_claim(&new_lease).await? {
-                        return Ok(ClaimOutcome::Claimed(lease));
+                        return Ok(ClaimOutcome::Claimed {
+                            lease,
+                            took_over: takeover,
+                        });
                     }
                 }
             }
@@ -179,6 +186,16 @@ impl<S: Store> Lifecycle<S> {
         }))
     }
 
+    /// Purge: make the key claimable again at once (an operator's action).
+    /// Returns the state the record had, `None` when there was none.
+    pub async fn purge(
+        &self,
+        namespace: Namespace,
+        key: Key,
+    ) -> Result<Option<RecordState>, Error> {
+        self.store.purge(&namespace, &key).await
+    }
+
     /// Get: the record if it is unexpired, else `None` (absent).
     pub async fn get(&self, namespace: Namespace, key: Key) -> Result<Option<Record>, Error> {
         Ok(self.store.fetch(&namespace, &key).await?.live())
@@ -198,7 +215,7 @@ impl<S: Store> Lifecycle<S> {
 fn judge(snapshot: Snapshot, offered: Option<&Fingerprint>) -> Verdict {
     let now = snapshot.now;
     let Some(record) = snapshot.live() else {
-        return Verdict::TryClaim;
+        return Verdict::TryClaim { takeover: false };
     };
     if Fingerprint::conflicts(record.fingerprint.as_ref(), offered) {
         return Verdict::Answer(ClaimOutcome::FingerprintMismatch);
@@ -216,9 +233,9 @@ fn judge(snapshot: Snapshot, offered: Option<&Fingerprint>) -> Verdict {
                     expires_at: record.expires_at,
                 })
             }
-            _ => Verdict::TryClaim,
+            _ => Verdict::TryClaim { takeover: true },
         },
-        RecordState::Released => Verdict::TryClaim,
+        RecordState::Released => Verdict::TryClaim { takeover: false },
     }
 }
 
@@ -274,11 +291,11 @@ mod tests {
     fn an_expired_lease_or_a_release_is_claimable() {
         assert!(matches!(
             judge(snapshot(record(RecordState::InProgress, None, -1)), None),
-            Verdict::TryClaim
+            Verdict::TryClaim { takeover: true }
         ));
         assert!(matches!(
             judge(snapshot(record(RecordState::Released, None, 0)), None),
-            Verdict::TryClaim
+            Verdict::TryClaim { takeover: false }
         ));
     }
 
@@ -303,7 +320,7 @@ mod tests {
         expired.expires_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         assert!(matches!(
             judge(snapshot(expired), fp(b"b").as_ref()),
-            Verdict::TryClaim
+            Verdict::TryClaim { takeover: false }
         ));
     }
 }

@@ -1,25 +1,65 @@
-//! The `idempotency-service` binary: parse the configuration, start logging,
-//! then serve until SIGTERM or SIGINT, or apply the migrations and exit.
+//! The `idempotency-service` binary: parse the configuration, start logging
+//! (and metrics), then serve until SIGTERM or SIGINT; or run one of the
+//! operator's commands (`migrate`, `get`, `purge`, `stats`) and exit.
 
 use clap::Parser;
-use idempotency_service::config::{Cli, Command};
-use idempotency_service::{server, store::AnyStore, telemetry};
+use idempotency_service::config::{Cli, Command, Config};
+use idempotency_service::lifecycle::Lifecycle;
+use idempotency_service::store::{AnyStore, Store};
+use idempotency_service::{admin, metrics, server, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    telemetry::init(cli.config.log_format);
+    let target = match cli.command {
+        None | Some(Command::Serve) => telemetry::LogTarget::Stdout,
+        Some(_) => telemetry::LogTarget::Stderr,
+    };
+    let telemetry = telemetry::init(cli.config.log_format, target)?;
+    let result = run(cli).await;
+    telemetry.shutdown();
+    result
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = cli.config;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
-            let listener = tokio::net::TcpListener::bind(cli.config.listen_addr).await?;
-            server::run(cli.config, listener, shutdown_signal()).await
+            config.validate()?;
+            if let Some(addr) = config.metrics_addr()? {
+                metrics::install(addr)?;
+            }
+            let listener = tokio::net::TcpListener::bind(config.listen_addr).await?;
+            server::run(config, listener, shutdown_signal()).await
         }
         Command::Migrate => {
-            AnyStore::open(&cli.config.store_options(), true).await?;
+            AnyStore::open(&config.store_options(), true).await?;
             tracing::info!("migrations applied");
             Ok(())
         }
+        command => match AnyStore::open(&config.store_options(), false).await? {
+            AnyStore::Postgres(store) => operate(store, &config, command).await,
+            AnyStore::Sqlite(store) => operate(store, &config, command).await,
+        },
     }
+}
+
+/// The operator's commands, printed to stdout.
+async fn operate<S: Store>(store: S, config: &Config, command: Command) -> anyhow::Result<()> {
+    let lifecycle = Lifecycle::new(store.clone(), config.limits());
+    let output = match command {
+        Command::Get { namespace, key } => admin::get(&lifecycle, namespace, key).await,
+        Command::Purge {
+            namespace,
+            key,
+            reason,
+        } => admin::purge(&lifecycle, namespace, key, &reason).await,
+        Command::Stats => admin::stats(&store).await,
+        Command::Serve | Command::Migrate => unreachable!("handled by run"),
+    };
+    store.close().await;
+    print!("{}", output?);
+    Ok(())
 }
 
 /// Resolves on the first SIGTERM (Kubernetes, systemd) or SIGINT (Ctrl-C).

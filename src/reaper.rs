@@ -36,7 +36,9 @@ pub async fn run<S: Store>(store: S, interval: Duration, batch_size: u32, stop: 
             () = stop.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
-        match reap_once(&store, batch_size).await {
+        let result = reap_once(&store, batch_size).await;
+        crate::metrics::record_reaper_run(result.as_ref().map(|d| *d).map_err(|_| ()));
+        match result {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "reaper deleted expired records"),
             Err(error) => tracing::warn!(%error, "reaper run failed; retrying next interval"),

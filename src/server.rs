@@ -16,6 +16,7 @@ use crate::grpc::proto::idempotency_service_server::IdempotencyServiceServer;
 use crate::grpc::{IdempotencyApi, proto};
 use crate::health;
 use crate::lifecycle::Lifecycle;
+use crate::metrics::{self, NamespaceLabels};
 use crate::reaper;
 use crate::store::{AnyStore, Store};
 
@@ -68,6 +69,11 @@ pub async fn serve<S: Store>(
         config.health_check_interval,
         background.clone(),
     ));
+    let metrics_task = tokio::spawn(metrics::watch_store(
+        store.clone(),
+        (!config.records_gauge_interval.is_zero()).then_some(config.records_gauge_interval),
+        background.clone(),
+    ));
     let reaper_task = tokio::spawn(reaper::run(
         store.clone(),
         config.reaper_interval,
@@ -80,10 +86,10 @@ pub async fn serve<S: Store>(
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let api = IdempotencyServiceServer::new(IdempotencyApi::new(Lifecycle::new(
-        store.clone(),
-        config.limits(),
-    )))
+    let api = IdempotencyServiceServer::new(IdempotencyApi::new(
+        Lifecycle::new(store.clone(), config.limits()),
+        NamespaceLabels::new(&config.metrics_namespaces),
+    ))
     .max_decoding_message_size(config.max_response_bytes + REQUEST_OVERHEAD_BYTES);
 
     let addr = listener.local_addr()?;
@@ -121,6 +127,7 @@ pub async fn serve<S: Store>(
     };
     background.cancel();
     let _ = reaper_task.await;
+    let _ = metrics_task.await;
     store.close().await;
     tracing::info!("stopped");
     result

@@ -1,18 +1,31 @@
 //! The gRPC adapter: parses each request into domain types at the edge
 //! (INVALID_ARGUMENT naming the field), calls the lifecycle, and converts the
-//! outcome back into the wire types. It logs one line per call: method,
-//! namespace, outcome and latency, never response bytes or fingerprints.
+//! outcome back into the wire types.
+//!
+//! Each call runs in a span (the parent taken from incoming W3C trace context)
+//! and ends with one log line and its metrics: method, namespace, outcome,
+//! fencing token, the caller's `x-request-id`, latency. Never response bytes,
+//! fingerprints or tokens.
 
 pub mod status;
 
 use std::time::{Duration, Instant, SystemTime};
 
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::domain::{ClaimOutcome, Fingerprint, Key, LeaseToken, Namespace, Record, RecordState};
 use crate::error::Error;
 use crate::lifecycle::{self, Lifecycle};
+use crate::metrics::{self, CallRecord, NamespaceLabels};
 use crate::store::Store;
+
+/// Longest `x-request-id` kept for the log; longer ones are cut.
+const MAX_REQUEST_ID_CHARS: usize = 128;
+/// Longest purge reason kept for the log.
+const MAX_REASON_BYTES: usize = 256;
 
 /// The code generated from proto/idempotency/v1/idempotency.proto.
 pub mod proto {
@@ -31,47 +44,112 @@ pub const SERVICE_NAME: &str = "idempotency.v1.IdempotencyService";
 
 pub struct IdempotencyApi<S> {
     lifecycle: Lifecycle<S>,
+    labels: NamespaceLabels,
 }
 
 impl<S: Store> IdempotencyApi<S> {
-    pub fn new(lifecycle: Lifecycle<S>) -> Self {
-        Self { lifecycle }
+    pub fn new(lifecycle: Lifecycle<S>, labels: NamespaceLabels) -> Self {
+        Self { lifecycle, labels }
+    }
+
+    fn start<T>(&self, method: &'static str, request: &Request<T>) -> (CallLog, tracing::Span) {
+        let span = tracing::info_span!(
+            "rpc",
+            otel.name = method,
+            otel.kind = "server",
+            rpc.system = "grpc",
+            rpc.service = SERVICE_NAME,
+            rpc.method = method,
+        );
+        let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+            propagator.extract(&MetadataExtractor(request.metadata()))
+        });
+        let _ = span.set_parent(parent);
+        let request_id = request
+            .metadata()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(|id| id.chars().take(MAX_REQUEST_ID_CHARS).collect());
+        let log = CallLog {
+            method,
+            started: Instant::now(),
+            namespace: None,
+            request_id,
+            fencing_token: None,
+            took_over: false,
+            labels: self.labels.clone(),
+        };
+        (log, span)
     }
 }
 
-/// The per-call log line, filled in as the call goes.
+/// Reads W3C trace context (`traceparent`, `tracestate`) from gRPC metadata.
+struct MetadataExtractor<'a>(&'a MetadataMap);
+
+impl opentelemetry::propagation::Extractor for MetadataExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|k| match k {
+                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
+                tonic::metadata::KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// The per-call log line and metrics, filled in as the call goes.
 struct CallLog {
     method: &'static str,
     started: Instant,
     namespace: Option<Namespace>,
+    request_id: Option<String>,
+    fencing_token: Option<u64>,
+    took_over: bool,
+    labels: NamespaceLabels,
 }
 
 impl CallLog {
-    fn start(method: &'static str) -> Self {
-        Self {
-            method,
-            started: Instant::now(),
-            namespace: None,
-        }
-    }
-
-    /// Logs the call and turns its result into the wire's.
+    /// Logs the call, records its metrics, and turns its result into the wire's.
     fn finish<T, R>(
         self,
         result: Result<T, Error>,
         outcome: impl FnOnce(&T) -> &'static str,
         respond: impl FnOnce(T) -> R,
     ) -> Result<Response<R>, Status> {
-        let outcome = match &result {
-            Ok(value) => outcome(value),
-            Err(error) => code_name(status::code_of(error)),
+        let latency = self.started.elapsed();
+        let (outcome, code) = match &result {
+            Ok(value) => (outcome(value), "ok"),
+            Err(error) => {
+                let code = code_name(status::code_of(error));
+                (code, code)
+            }
         };
+        let lease_lost = matches!(result, Err(Error::LeaseMismatch(_)));
         tracing::info!(
             method = self.method,
             namespace = self.namespace.as_ref().map_or("", Namespace::as_str),
             outcome,
-            latency_us = self.started.elapsed().as_micros() as u64,
+            fencing_token = self.fencing_token,
+            request_id = self.request_id.as_deref(),
+            latency_us = latency.as_micros() as u64,
             "call"
+        );
+        metrics::record_call(
+            &self.labels,
+            CallRecord {
+                method: self.method,
+                code,
+                namespace: self.namespace.as_ref(),
+                latency,
+                claim_outcome: (self.method == "Claim" && code == "ok").then_some(outcome),
+                took_over: self.took_over,
+                lease_lost,
+            },
         );
         result
             .map(|value| Response::new(respond(value)))
@@ -125,7 +203,7 @@ fn identity(log: &mut CallLog, namespace: String, key: String) -> Result<(Namesp
 fn claim_response(outcome: ClaimOutcome) -> proto::ClaimResponse {
     use proto::{ClaimResponse, Outcome};
     match outcome {
-        ClaimOutcome::Claimed(lease) => ClaimResponse {
+        ClaimOutcome::Claimed { lease, .. } => ClaimResponse {
             outcome: Outcome::Claimed as i32,
             lease_token: lease.lease_token.to_string(),
             fencing_token: lease.fencing_token,
@@ -168,13 +246,8 @@ fn get_response(record: Option<Record>) -> proto::GetResponse {
             ..Default::default()
         };
     };
-    let state = match record.state {
-        RecordState::InProgress => State::InProgress,
-        RecordState::Completed => State::Completed,
-        RecordState::Released => State::Released,
-    };
     proto::GetResponse {
-        state: state as i32,
+        state: wire_state(record.state) as i32,
         fencing_token: record.fencing_token,
         fingerprint: record
             .fingerprint
@@ -189,12 +262,7 @@ fn get_response(record: Option<Record>) -> proto::GetResponse {
 }
 
 fn get_outcome(record: &Option<Record>) -> &'static str {
-    match record.as_ref().map(|r| r.state) {
-        None => "absent",
-        Some(RecordState::InProgress) => "in_progress",
-        Some(RecordState::Completed) => "completed",
-        Some(RecordState::Released) => "released",
-    }
+    record.as_ref().map_or("absent", |r| state_name(r.state))
 }
 
 #[tonic::async_trait]
@@ -203,7 +271,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         &self,
         request: Request<proto::ClaimRequest>,
     ) -> Result<Response<proto::ClaimResponse>, Status> {
-        let mut log = CallLog::start("Claim");
+        let (mut log, span) = self.start("Claim", &request);
         let request = request.into_inner();
         let result = async {
             let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
@@ -216,7 +284,12 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
             };
             self.lifecycle.claim(request).await
         }
+        .instrument(span)
         .await;
+        if let Ok(ClaimOutcome::Claimed { lease, took_over }) = &result {
+            log.fencing_token = Some(lease.fencing_token);
+            log.took_over = *took_over;
+        }
         log.finish(result, ClaimOutcome::name, claim_response)
     }
 
@@ -224,7 +297,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         &self,
         request: Request<proto::CompleteRequest>,
     ) -> Result<Response<proto::CompleteResponse>, Status> {
-        let mut log = CallLog::start("Complete");
+        let (mut log, span) = self.start("Complete", &request);
         let request = request.into_inner();
         let result = async {
             let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
@@ -237,6 +310,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
             };
             self.lifecycle.complete(request).await
         }
+        .instrument(span)
         .await;
         log.finish(
             result,
@@ -251,13 +325,14 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         &self,
         request: Request<proto::ReleaseRequest>,
     ) -> Result<Response<proto::ReleaseResponse>, Status> {
-        let mut log = CallLog::start("Release");
+        let (mut log, span) = self.start("Release", &request);
         let request = request.into_inner();
         let result = async {
             let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
             let token = LeaseToken::parse(&request.lease_token)?;
             self.lifecycle.release(namespace, key, token).await
         }
+        .instrument(span)
         .await;
         log.finish(result, |_| "ok", |()| proto::ReleaseResponse {})
     }
@@ -266,7 +341,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         &self,
         request: Request<proto::ExtendLeaseRequest>,
     ) -> Result<Response<proto::ExtendLeaseResponse>, Status> {
-        let mut log = CallLog::start("ExtendLease");
+        let (mut log, span) = self.start("ExtendLease", &request);
         let request = request.into_inner();
         let result = async {
             let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
@@ -276,6 +351,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
                 .extend_lease(namespace, key, token, lease_ttl)
                 .await
         }
+        .instrument(span)
         .await;
         log.finish(
             result,
@@ -290,14 +366,75 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         &self,
         request: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
-        let mut log = CallLog::start("Get");
+        let (mut log, span) = self.start("Get", &request);
         let request = request.into_inner();
         let result = async {
             let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
             self.lifecycle.get(namespace, key).await
         }
+        .instrument(span)
         .await;
         log.finish(result, get_outcome, get_response)
+    }
+
+    async fn purge(
+        &self,
+        request: Request<proto::PurgeRequest>,
+    ) -> Result<Response<proto::PurgeResponse>, Status> {
+        let (mut log, span) = self.start("Purge", &request);
+        let request = request.into_inner();
+        let result = async {
+            let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
+            if request.reason.len() > MAX_REASON_BYTES {
+                return Err(Error::invalid(
+                    "reason",
+                    format!("must be at most {MAX_REASON_BYTES} bytes"),
+                ));
+            }
+            let previous = self.lifecycle.purge(namespace.clone(), key.clone()).await?;
+            // An operator's action: the one log line that names a key.
+            tracing::warn!(
+                namespace = namespace.as_str(),
+                key = key.as_str(),
+                previous_state = previous.map_or("absent", state_name),
+                reason = request.reason,
+                "key purged"
+            );
+            metrics::record_purge();
+            Ok(previous)
+        }
+        .instrument(span)
+        .await;
+        log.finish(
+            result,
+            |previous| {
+                if previous.is_some() {
+                    "purged"
+                } else {
+                    "absent"
+                }
+            },
+            |previous| proto::PurgeResponse {
+                purged: previous.is_some(),
+                previous_state: previous.map_or(proto::State::Absent, wire_state) as i32,
+            },
+        )
+    }
+}
+
+fn state_name(state: RecordState) -> &'static str {
+    match state {
+        RecordState::InProgress => "in_progress",
+        RecordState::Completed => "completed",
+        RecordState::Released => "released",
+    }
+}
+
+fn wire_state(state: RecordState) -> proto::State {
+    match state {
+        RecordState::InProgress => proto::State::InProgress,
+        RecordState::Completed => proto::State::Completed,
+        RecordState::Released => proto::State::Released,
     }
 }
 

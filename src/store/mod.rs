@@ -12,9 +12,13 @@ pub mod sqlite;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use crate::domain::{Key, Lease, LeaseToken, Namespace, NewLease, Snapshot};
+use tracing::Instrument;
+
+use crate::domain::{Key, Lease, LeaseToken, Namespace, NewLease, RecordState, Snapshot};
 use crate::error::Error;
 
 /// The operations the lifecycle is built from. Each is atomic on its own;
@@ -73,11 +77,89 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// replicas at once. Returns how many it deleted.
     fn reap_expired(&self, batch: u32) -> impl Future<Output = Result<u64, Error>> + Send;
 
+    /// Expires an unexpired record now, so the key is claimable at once; the
+    /// row stays (and its fencing counter with it) until the reaper deletes
+    /// it. Returns the state the record had, or `None` when there was none.
+    fn purge(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<RecordState>, Error>> + Send;
+
+    /// Counts records by namespace and state, and how far behind the reaper is.
+    /// A full scan: for operators and a slow periodic gauge, not for calls.
+    fn stats(&self) -> impl Future<Output = Result<StoreStats, Error>> + Send;
+
+    /// The connection pool's state right now, for metrics.
+    fn pool_status(&self) -> PoolStatus;
+
     /// Answers when the store is usable (for health).
     fn ping(&self) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Closes the connections, waiting for those in use.
     fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// Unexpired records of one namespace in one state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateCount {
+    pub namespace: String,
+    pub state: RecordState,
+    pub count: u64,
+}
+
+/// What `stats` reports, read with the store's clock.
+#[derive(Debug, Clone)]
+pub struct StoreStats {
+    pub now: SystemTime,
+    pub live: Vec<StateCount>,
+    /// Expired rows the reaper has not deleted yet.
+    pub expired: u64,
+    /// The creation time of the oldest unexpired record.
+    pub oldest_created_at: Option<SystemTime>,
+    /// The earliest expiry of any row; when it lies in the past, the reaper is
+    /// that far behind.
+    pub earliest_expiry: Option<SystemTime>,
+}
+
+impl StoreStats {
+    /// How long the oldest expired row has waited for the reaper.
+    pub fn reaper_lag(&self) -> Duration {
+        self.earliest_expiry
+            .and_then(|t| self.now.duration_since(t).ok())
+            .unwrap_or_default()
+    }
+
+    /// Unexpired records in `state`, over every namespace.
+    pub fn count(&self, state: RecordState) -> u64 {
+        self.live
+            .iter()
+            .filter(|c| c.state == state)
+            .map(|c| c.count)
+            .sum()
+    }
+}
+
+/// A connection pool's occupancy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStatus {
+    /// Connections open.
+    pub size: u32,
+    /// Open connections not in use.
+    pub idle: u32,
+    /// The most connections the pool opens.
+    pub max: u32,
+    /// Store operations started and not finished: beyond the connections in
+    /// use, they are waiting for one.
+    pub in_flight: u32,
+}
+
+impl PoolStatus {
+    /// Operations waiting for a connection.
+    pub fn waiting(&self) -> u32 {
+        let busy = self.size.saturating_sub(self.idle);
+        self.in_flight.saturating_sub(busy)
+    }
 }
 
 /// How to reach the store, from the configuration.
@@ -163,16 +245,62 @@ impl AnyStore {
     }
 }
 
-/// Runs one store operation under the configured deadline and turns sqlx's
-/// errors into the service's. A timeout is UNAVAILABLE: a slow or vanished
-/// database must not hold the caller until its own deadline.
-pub(crate) async fn bounded<T>(
+/// What every operation of one store shares: its deadline, and a count of the
+/// operations under way (for the pool metrics).
+#[derive(Debug, Clone)]
+pub(crate) struct Budget {
     timeout: Duration,
-    operation: impl Future<Output = Result<T, sqlx::Error>>,
-) -> Result<T, Error> {
-    match tokio::time::timeout(timeout, operation).await {
-        Ok(result) => result.map_err(classify),
-        Err(elapsed) => Err(Error::Unavailable(Box::new(elapsed))),
+    system: &'static str,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Decrements the in-flight count however the operation ends (done, failed,
+/// timed out or cancelled with its call).
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Budget {
+    pub(crate) fn new(system: &'static str, timeout: Duration) -> Self {
+        Self {
+            timeout,
+            system,
+            in_flight: Arc::default(),
+        }
+    }
+
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed) as u32
+    }
+
+    /// Runs one store operation under the deadline, in a span of its own, and
+    /// turns sqlx's errors into the service's. A timeout is UNAVAILABLE: a slow
+    /// or vanished database must not hold the caller until its own deadline.
+    pub(crate) async fn run<T>(
+        &self,
+        operation: &'static str,
+        statement: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, Error> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = InFlight(&self.in_flight);
+        let span = tracing::info_span!(
+            "db",
+            otel.name = operation,
+            otel.kind = "client",
+            db.system = self.system,
+            db.operation = operation,
+        );
+        match tokio::time::timeout(self.timeout, statement)
+            .instrument(span)
+            .await
+        {
+            Ok(result) => result.map_err(classify),
+            Err(elapsed) => Err(Error::Unavailable(Box::new(elapsed))),
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Row};
 use time::OffsetDateTime;
 
-use super::{Store, StoreOptions, bounded, micros};
+use super::{Budget, PoolStatus, StateCount, Store, StoreOptions, StoreStats, micros};
 use crate::domain::{
     Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState, Snapshot,
 };
@@ -101,10 +101,30 @@ WHERE ctid = ANY (ARRAY(
         FOR UPDATE SKIP LOCKED))
   AND expires_at <= now()";
 
+/// Expires a record now: it is absent to every call from this statement on.
+const PURGE: &str = "
+UPDATE idempotency_records
+SET expires_at = now(), lease_expires_at = NULL, updated_at = now()
+WHERE namespace = $1 AND key = $2 AND expires_at > now()
+RETURNING state";
+
+const STATS_LIVE: &str = "
+SELECT namespace, state, count(*) AS count
+FROM idempotency_records WHERE expires_at > now()
+GROUP BY namespace, state ORDER BY namespace, state";
+
+const STATS_SUMMARY: &str = "
+SELECT now() AS now,
+       count(*) FILTER (WHERE expires_at <= now()) AS expired,
+       min(created_at) FILTER (WHERE expires_at > now()) AS oldest_created_at,
+       min(expires_at) AS earliest_expiry
+FROM idempotency_records";
+
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
-    timeout: Duration,
+    max_connections: u32,
+    budget: Budget,
 }
 
 impl PostgresStore {
@@ -133,18 +153,14 @@ impl PostgresStore {
             .connect_lazy_with(connect_options);
         Self {
             pool,
-            timeout: options.timeout,
+            max_connections: options.pool_size,
+            budget: Budget::new("postgresql", options.timeout),
         }
     }
 
     pub async fn migrate(&self) -> anyhow::Result<()> {
         MIGRATOR.run(&self.pool).await?;
         Ok(())
-    }
-
-    /// The pool, for the operator's counters.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
     }
 }
 
@@ -205,30 +221,34 @@ impl Store for PostgresStore {
     }
 
     async fn fetch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
-        let row = bounded(
-            self.timeout,
-            sqlx::query(FETCH)
-                .bind(namespace.as_str())
-                .bind(key.as_str())
-                .fetch_one(&self.pool),
-        )
-        .await?;
+        let row = self
+            .budget
+            .run(
+                "fetch",
+                sqlx::query(FETCH)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .fetch_one(&self.pool),
+            )
+            .await?;
         snapshot_from_row(&row)
     }
 
     async fn try_claim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
-        let row = bounded(
-            self.timeout,
-            sqlx::query(TRY_CLAIM)
-                .bind(lease.namespace.as_str())
-                .bind(lease.key.as_str())
-                .bind(lease.lease_token.as_bytes().as_slice())
-                .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
-                .bind(micros(lease.lease_ttl))
-                .bind(micros(lease.retention))
-                .fetch_optional(&self.pool),
-        )
-        .await?;
+        let row = self
+            .budget
+            .run(
+                "try_claim",
+                sqlx::query(TRY_CLAIM)
+                    .bind(lease.namespace.as_str())
+                    .bind(lease.key.as_str())
+                    .bind(lease.lease_token.as_bytes().as_slice())
+                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                    .bind(micros(lease.lease_ttl))
+                    .bind(micros(lease.retention))
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
         row.map(|row| {
             let get = |e: sqlx::Error| Error::Internal(Box::new(e));
             Ok(Lease {
@@ -249,17 +269,19 @@ impl Store for PostgresStore {
         response: &[u8],
         retention: Option<Duration>,
     ) -> Result<Option<SystemTime>, Error> {
-        let expires_at: Option<OffsetDateTime> = bounded(
-            self.timeout,
-            sqlx::query_scalar(COMPLETE)
-                .bind(namespace.as_str())
-                .bind(key.as_str())
-                .bind(token.as_bytes().as_slice())
-                .bind(response)
-                .bind(retention.map(micros))
-                .fetch_optional(&self.pool),
-        )
-        .await?;
+        let expires_at: Option<OffsetDateTime> = self
+            .budget
+            .run(
+                "complete",
+                sqlx::query_scalar(COMPLETE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token.as_bytes().as_slice())
+                    .bind(response)
+                    .bind(retention.map(micros))
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
         Ok(expires_at.map(system_time))
     }
 
@@ -269,15 +291,17 @@ impl Store for PostgresStore {
         key: &Key,
         token: &LeaseToken,
     ) -> Result<bool, Error> {
-        let done = bounded(
-            self.timeout,
-            sqlx::query(RELEASE)
-                .bind(namespace.as_str())
-                .bind(key.as_str())
-                .bind(token.as_bytes().as_slice())
-                .execute(&self.pool),
-        )
-        .await?;
+        let done = self
+            .budget
+            .run(
+                "release",
+                sqlx::query(RELEASE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token.as_bytes().as_slice())
+                    .execute(&self.pool),
+            )
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -288,30 +312,93 @@ impl Store for PostgresStore {
         token: &LeaseToken,
         lease_ttl: Duration,
     ) -> Result<Option<SystemTime>, Error> {
-        let lease_expires_at: Option<OffsetDateTime> = bounded(
-            self.timeout,
-            sqlx::query_scalar(EXTEND_LEASE)
-                .bind(namespace.as_str())
-                .bind(key.as_str())
-                .bind(token.as_bytes().as_slice())
-                .bind(micros(lease_ttl))
-                .fetch_optional(&self.pool),
-        )
-        .await?;
+        let lease_expires_at: Option<OffsetDateTime> = self
+            .budget
+            .run(
+                "extend_lease",
+                sqlx::query_scalar(EXTEND_LEASE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token.as_bytes().as_slice())
+                    .bind(micros(lease_ttl))
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
         Ok(lease_expires_at.map(system_time))
     }
 
     async fn reap_expired(&self, batch: u32) -> Result<u64, Error> {
-        let done = bounded(
-            self.timeout,
-            sqlx::query(REAP).bind(i64::from(batch)).execute(&self.pool),
-        )
-        .await?;
+        let done = self
+            .budget
+            .run(
+                "reap",
+                sqlx::query(REAP).bind(i64::from(batch)).execute(&self.pool),
+            )
+            .await?;
         Ok(done.rows_affected())
     }
 
+    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<RecordState>, Error> {
+        let state: Option<i16> = self
+            .budget
+            .run(
+                "purge",
+                sqlx::query_scalar(PURGE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        state.map(state_from).transpose()
+    }
+
+    async fn stats(&self) -> Result<StoreStats, Error> {
+        let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+        let rows = self
+            .budget
+            .run("stats", sqlx::query(STATS_LIVE).fetch_all(&self.pool))
+            .await?;
+        let summary = self
+            .budget
+            .run("stats", sqlx::query(STATS_SUMMARY).fetch_one(&self.pool))
+            .await?;
+        let live = rows
+            .iter()
+            .map(|row| {
+                Ok(StateCount {
+                    namespace: row.try_get("namespace").map_err(get)?,
+                    state: state_from(row.try_get("state").map_err(get)?)?,
+                    count: row.try_get::<i64, _>("count").map_err(get)? as u64,
+                })
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(StoreStats {
+            now: system_time(summary.try_get("now").map_err(get)?),
+            live,
+            expired: summary.try_get::<i64, _>("expired").map_err(get)? as u64,
+            oldest_created_at: summary
+                .try_get::<Option<OffsetDateTime>, _>("oldest_created_at")
+                .map_err(get)?
+                .map(system_time),
+            earliest_expiry: summary
+                .try_get::<Option<OffsetDateTime>, _>("earliest_expiry")
+                .map_err(get)?
+                .map(system_time),
+        })
+    }
+
+    fn pool_status(&self) -> PoolStatus {
+        PoolStatus {
+            size: self.pool.size(),
+            idle: self.pool.num_idle() as u32,
+            max: self.max_connections,
+            in_flight: self.budget.in_flight(),
+        }
+    }
+
     async fn ping(&self) -> Result<(), Error> {
-        bounded(self.timeout, sqlx::query("SELECT 1").execute(&self.pool))
+        self.budget
+            .run("ping", sqlx::query("SELECT 1").execute(&self.pool))
             .await
             .map(|_| ())
     }

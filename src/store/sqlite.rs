@@ -24,7 +24,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Row};
 
-use super::{Store, StoreOptions, bounded, micros};
+use super::{Budget, PoolStatus, StateCount, Store, StoreOptions, StoreStats, micros};
 use crate::domain::{
     Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState, Snapshot,
 };
@@ -84,13 +84,31 @@ DELETE FROM idempotency_records
 WHERE rowid IN (SELECT rowid FROM idempotency_records
                 WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)";
 
+const PURGE: &str = "
+UPDATE idempotency_records
+SET expires_at = ?3, lease_expires_at = NULL, updated_at = ?3
+WHERE namespace = ?1 AND key = ?2 AND expires_at > ?3
+RETURNING state";
+
+const STATS_LIVE: &str = "
+SELECT namespace, state, count(*) AS count
+FROM idempotency_records WHERE expires_at > ?1
+GROUP BY namespace, state ORDER BY namespace, state";
+
+const STATS_SUMMARY: &str = "
+SELECT count(*) FILTER (WHERE expires_at <= ?1) AS expired,
+       min(created_at) FILTER (WHERE expires_at > ?1) AS oldest_created_at,
+       min(expires_at) AS earliest_expiry
+FROM idempotency_records";
+
 #[derive(Clone)]
 pub struct SqliteStore {
     /// One connection: SQLite has one writer at a time anyway.
     writer: SqlitePool,
     readers: SqlitePool,
+    max_readers: u32,
     path: PathBuf,
-    timeout: Duration,
+    budget: Budget,
 }
 
 impl SqliteStore {
@@ -121,8 +139,9 @@ impl SqliteStore {
         Ok(Self {
             writer,
             readers,
+            max_readers: options.pool_size.max(1),
             path: path.to_owned(),
-            timeout: options.timeout,
+            budget: Budget::new("sqlite", options.timeout),
         })
     }
 
@@ -191,17 +210,19 @@ impl Store for SqliteStore {
     }
 
     async fn fetch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
-        let (now, row) = bounded(self.timeout, async {
-            let mut conn = self.readers.acquire().await?;
-            let now = now_us();
-            let row = sqlx::query(FETCH)
-                .bind(namespace.as_str())
-                .bind(key.as_str())
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok((now, row))
-        })
-        .await?;
+        let (now, row) = self
+            .budget
+            .run("fetch", async {
+                let mut conn = self.readers.acquire().await?;
+                let now = now_us();
+                let row = sqlx::query(FETCH)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                Ok((now, row))
+            })
+            .await?;
         Ok(Snapshot {
             now: system_time(now),
             record: row.as_ref().map(record_from_row).transpose()?,
@@ -209,20 +230,22 @@ impl Store for SqliteStore {
     }
 
     async fn try_claim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
-        let row = bounded(self.timeout, async {
-            let mut conn = self.writer.acquire().await?;
-            sqlx::query(TRY_CLAIM)
-                .bind(lease.namespace.as_str())
-                .bind(lease.key.as_str())
-                .bind(lease.lease_token.as_bytes().as_slice())
-                .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
-                .bind(micros(lease.lease_ttl))
-                .bind(micros(lease.retention))
-                .bind(now_us())
-                .fetch_optional(&mut *conn)
-                .await
-        })
-        .await?;
+        let row = self
+            .budget
+            .run("try_claim", async {
+                let mut conn = self.writer.acquire().await?;
+                sqlx::query(TRY_CLAIM)
+                    .bind(lease.namespace.as_str())
+                    .bind(lease.key.as_str())
+                    .bind(lease.lease_token.as_bytes().as_slice())
+                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                    .bind(micros(lease.lease_ttl))
+                    .bind(micros(lease.retention))
+                    .bind(now_us())
+                    .fetch_optional(&mut *conn)
+                    .await
+            })
+            .await?;
         row.map(|row| {
             let get = |e: sqlx::Error| Error::Internal(Box::new(e));
             Ok(Lease {
@@ -243,19 +266,21 @@ impl Store for SqliteStore {
         response: &[u8],
         retention: Option<Duration>,
     ) -> Result<Option<SystemTime>, Error> {
-        let expires_at: Option<i64> = bounded(self.timeout, async {
-            let mut conn = self.writer.acquire().await?;
-            sqlx::query_scalar(COMPLETE)
-                .bind(namespace.as_str())
-                .bind(key.as_str())
-                .bind(token.as_bytes().as_slice())
-                .bind(response)
-                .bind(retention.map(micros))
-                .bind(now_us())
-                .fetch_optional(&mut *conn)
-                .await
-        })
-        .await?;
+        let expires_at: Option<i64> = self
+            .budget
+            .run("complete", async {
+                let mut conn = self.writer.acquire().await?;
+                sqlx::query_scalar(COMPLETE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token.as_bytes().as_slice())
+                    .bind(response)
+                    .bind(retention.map(micros))
+                    .bind(now_us())
+                    .fetch_optional(&mut *conn)
+                    .await
+            })
+            .await?;
         Ok(expires_at.map(system_time))
     }
 
@@ -265,17 +290,19 @@ impl Store for SqliteStore {
         key: &Key,
         token: &LeaseToken,
     ) -> Result<bool, Error> {
-        let done = bounded(self.timeout, async {
-            let mut conn = self.writer.acquire().await?;
-            sqlx::query(RELEASE)
-                .bind(namespace.as_str())
-                .bind(key.as_str())
-                .bind(token.as_bytes().as_slice())
-                .bind(now_us())
-                .execute(&mut *conn)
-                .await
-        })
-        .await?;
+        let done = self
+            .budget
+            .run("release", async {
+                let mut conn = self.writer.acquire().await?;
+                sqlx::query(RELEASE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token.as_bytes().as_slice())
+                    .bind(now_us())
+                    .execute(&mut *conn)
+                    .await
+            })
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -286,32 +313,105 @@ impl Store for SqliteStore {
         token: &LeaseToken,
         lease_ttl: Duration,
     ) -> Result<Option<SystemTime>, Error> {
-        let lease_expires_at: Option<i64> = bounded(self.timeout, async {
-            let mut conn = self.writer.acquire().await?;
-            sqlx::query_scalar(EXTEND_LEASE)
-                .bind(namespace.as_str())
-                .bind(key.as_str())
-                .bind(token.as_bytes().as_slice())
-                .bind(micros(lease_ttl))
-                .bind(now_us())
-                .fetch_optional(&mut *conn)
-                .await
-        })
-        .await?;
+        let lease_expires_at: Option<i64> = self
+            .budget
+            .run("extend_lease", async {
+                let mut conn = self.writer.acquire().await?;
+                sqlx::query_scalar(EXTEND_LEASE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token.as_bytes().as_slice())
+                    .bind(micros(lease_ttl))
+                    .bind(now_us())
+                    .fetch_optional(&mut *conn)
+                    .await
+            })
+            .await?;
         Ok(lease_expires_at.map(system_time))
     }
 
     async fn reap_expired(&self, batch: u32) -> Result<u64, Error> {
-        let done = bounded(self.timeout, async {
-            let mut conn = self.writer.acquire().await?;
-            sqlx::query(REAP)
-                .bind(now_us())
-                .bind(i64::from(batch))
-                .execute(&mut *conn)
-                .await
-        })
-        .await?;
+        let done = self
+            .budget
+            .run("reap", async {
+                let mut conn = self.writer.acquire().await?;
+                sqlx::query(REAP)
+                    .bind(now_us())
+                    .bind(i64::from(batch))
+                    .execute(&mut *conn)
+                    .await
+            })
+            .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<RecordState>, Error> {
+        let state: Option<i64> = self
+            .budget
+            .run("purge", async {
+                let mut conn = self.writer.acquire().await?;
+                sqlx::query_scalar(PURGE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(now_us())
+                    .fetch_optional(&mut *conn)
+                    .await
+            })
+            .await?;
+        state.map(state_from).transpose()
+    }
+
+    async fn stats(&self) -> Result<StoreStats, Error> {
+        let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+        let (now, rows, summary) = self
+            .budget
+            .run("stats", async {
+                let mut conn = self.readers.acquire().await?;
+                let now = now_us();
+                let rows = sqlx::query(STATS_LIVE)
+                    .bind(now)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                let summary = sqlx::query(STATS_SUMMARY)
+                    .bind(now)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                Ok((now, rows, summary))
+            })
+            .await?;
+        let live = rows
+            .iter()
+            .map(|row| {
+                Ok(StateCount {
+                    namespace: row.try_get("namespace").map_err(get)?,
+                    state: state_from(row.try_get("state").map_err(get)?)?,
+                    count: row.try_get::<i64, _>("count").map_err(get)? as u64,
+                })
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(StoreStats {
+            now: system_time(now),
+            live,
+            expired: summary.try_get::<i64, _>("expired").map_err(get)? as u64,
+            oldest_created_at: summary
+                .try_get::<Option<i64>, _>("oldest_created_at")
+                .map_err(get)?
+                .map(system_time),
+            earliest_expiry: summary
+                .try_get::<Option<i64>, _>("earliest_expiry")
+                .map_err(get)?
+                .map(system_time),
+        })
+    }
+
+    fn pool_status(&self) -> PoolStatus {
+        // The writer's single connection and the readers, as one pool.
+        PoolStatus {
+            size: self.writer.size() + self.readers.size(),
+            idle: (self.writer.num_idle() + self.readers.num_idle()) as u32,
+            max: self.max_readers + 1,
+            in_flight: self.budget.in_flight(),
+        }
     }
 
     /// Usable means: the file is still where it was opened, and readable.
@@ -321,12 +421,14 @@ impl Store for SqliteStore {
                 format!("the database file {} is gone", self.path.display()).into(),
             ));
         }
-        bounded(
-            self.timeout,
-            sqlx::query("SELECT 1 FROM idempotency_records LIMIT 1").fetch_optional(&self.readers),
-        )
-        .await
-        .map(|_| ())
+        self.budget
+            .run(
+                "ping",
+                sqlx::query("SELECT 1 FROM idempotency_records LIMIT 1")
+                    .fetch_optional(&self.readers),
+            )
+            .await
+            .map(|_| ())
     }
 
     async fn close(&self) {

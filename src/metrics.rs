@@ -1,0 +1,243 @@
+//! Prometheus metrics: what an operator watches without reading logs.
+//!
+//! The recorder is installed once by the binary (`install`), serving
+//! `/metrics` on its own port; the rest of the crate records through the
+//! `metrics` facade, a no-op when nothing is installed (as in tests that run
+//! several servers in one process). Label values stay bounded: never the key,
+//! and the namespace only when the operator lists the namespaces to label.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{
+    Label, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{Namespace, RecordState};
+use crate::store::{Store, StoreStats};
+
+/// Seconds; from half a millisecond (a replay on a warm pool) to the
+/// database timeout.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// How often the pool gauges are refreshed.
+const POOL_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Installs the Prometheus recorder and its HTTP listener on `addr`.
+pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            Matcher::Full("idempotency_call_duration_seconds".into()),
+            LATENCY_BUCKETS,
+        )?
+        .install()?;
+    describe();
+    tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    Ok(())
+}
+
+fn describe() {
+    describe_counter!(
+        "idempotency_calls_total",
+        "gRPC calls by method and status code."
+    );
+    describe_histogram!(
+        "idempotency_call_duration_seconds",
+        metrics::Unit::Seconds,
+        "gRPC call latency by method."
+    );
+    describe_counter!(
+        "idempotency_claims_total",
+        "Claim outcomes: claimed, in_progress, completed (a replay), fingerprint_mismatch."
+    );
+    describe_counter!(
+        "idempotency_lease_takeovers_total",
+        "Claims that won a key whose previous lease had expired (its claimant died or was too slow)."
+    );
+    describe_counter!(
+        "idempotency_lease_lost_total",
+        "Complete, Release or ExtendLease refused because the lease was no longer the caller's."
+    );
+    describe_counter!("idempotency_purges_total", "Keys purged by an operator.");
+    describe_gauge!(
+        "idempotency_db_pool_connections",
+        "Open database connections."
+    );
+    describe_gauge!(
+        "idempotency_db_pool_idle",
+        "Open database connections not in use."
+    );
+    describe_gauge!(
+        "idempotency_db_pool_max",
+        "The most connections the pool opens."
+    );
+    describe_gauge!(
+        "idempotency_db_pool_waiting",
+        "Store operations waiting for a connection."
+    );
+    describe_counter!(
+        "idempotency_reaper_runs_total",
+        "Reaper runs by result (ok, error)."
+    );
+    describe_counter!(
+        "idempotency_reaper_deleted_total",
+        "Expired records the reaper deleted."
+    );
+    describe_gauge!(
+        "idempotency_records",
+        "Stored records by state; `expired` are rows waiting for the reaper."
+    );
+    describe_gauge!(
+        "idempotency_reaper_lag_seconds",
+        "How long the oldest expired row has waited for the reaper."
+    );
+    describe_gauge!(
+        "idempotency_store_up",
+        "1 while the store answers health pings, else 0."
+    );
+}
+
+/// Which namespaces get their own label value; the rest share "other". With no
+/// list, metrics carry no namespace label at all.
+#[derive(Debug, Clone, Default)]
+pub struct NamespaceLabels(Option<Arc<HashSet<String>>>);
+
+impl NamespaceLabels {
+    pub fn new(names: &[String]) -> Self {
+        if names.is_empty() {
+            Self(None)
+        } else {
+            Self(Some(Arc::new(names.iter().cloned().collect())))
+        }
+    }
+
+    fn push(&self, labels: &mut Vec<Label>, namespace: Option<&Namespace>) {
+        if let Some(listed) = &self.0 {
+            let value = match namespace {
+                Some(ns) if listed.contains(ns.as_str()) => ns.as_str().to_owned(),
+                _ => "other".to_owned(),
+            };
+            labels.push(Label::new("namespace", value));
+        }
+    }
+}
+
+/// What one finished call contributes.
+pub struct CallRecord<'a> {
+    pub method: &'static str,
+    pub code: &'static str,
+    pub namespace: Option<&'a Namespace>,
+    pub latency: Duration,
+    pub claim_outcome: Option<&'static str>,
+    pub took_over: bool,
+    pub lease_lost: bool,
+}
+
+pub fn record_call(labels: &NamespaceLabels, call: CallRecord<'_>) {
+    let mut common = Vec::with_capacity(1);
+    labels.push(&mut common, call.namespace);
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut all = common.clone();
+        all.extend(extra.iter().map(|(k, v)| Label::new(*k, *v)));
+        all
+    };
+    counter!(
+        "idempotency_calls_total",
+        with(&[("method", call.method), ("code", call.code)])
+    )
+    .increment(1);
+    histogram!("idempotency_call_duration_seconds", "method" => call.method)
+        .record(call.latency.as_secs_f64());
+    if let Some(outcome) = call.claim_outcome {
+        counter!("idempotency_claims_total", with(&[("outcome", outcome)])).increment(1);
+    }
+    if call.took_over {
+        counter!("idempotency_lease_takeovers_total", with(&[])).increment(1);
+    }
+    if call.lease_lost {
+        counter!(
+            "idempotency_lease_lost_total",
+            with(&[("method", call.method)])
+        )
+        .increment(1);
+    }
+}
+
+pub fn record_purge() {
+    counter!("idempotency_purges_total").increment(1);
+}
+
+pub fn record_reaper_run(result: Result<u64, ()>) {
+    match result {
+        Ok(deleted) => {
+            counter!("idempotency_reaper_runs_total", "result" => "ok").increment(1);
+            counter!("idempotency_reaper_deleted_total").increment(deleted);
+        }
+        Err(()) => counter!("idempotency_reaper_runs_total", "result" => "error").increment(1),
+    }
+}
+
+pub fn record_store_up(up: bool) {
+    gauge!("idempotency_store_up").set(if up { 1.0 } else { 0.0 });
+}
+
+fn state_label(state: RecordState) -> &'static str {
+    match state {
+        RecordState::InProgress => "in_progress",
+        RecordState::Completed => "completed",
+        RecordState::Released => "released",
+    }
+}
+
+fn record_stats(stats: &StoreStats) {
+    for state in [
+        RecordState::InProgress,
+        RecordState::Completed,
+        RecordState::Released,
+    ] {
+        gauge!("idempotency_records", "state" => state_label(state)).set(stats.count(state) as f64);
+    }
+    gauge!("idempotency_records", "state" => "expired").set(stats.expired as f64);
+    gauge!("idempotency_reaper_lag_seconds").set(stats.reaper_lag().as_secs_f64());
+}
+
+/// Refreshes the pool gauges every few seconds and, when `records_every` is
+/// set, the records-by-state gauge (a full count: keep it slow on big tables).
+pub async fn watch_store<S: Store>(
+    store: S,
+    records_every: Option<Duration>,
+    stop: CancellationToken,
+) {
+    let mut last_count: Option<tokio::time::Instant> = None;
+    loop {
+        let pool = store.pool_status();
+        gauge!("idempotency_db_pool_connections").set(f64::from(pool.size));
+        gauge!("idempotency_db_pool_idle").set(f64::from(pool.idle));
+        gauge!("idempotency_db_pool_max").set(f64::from(pool.max));
+        gauge!("idempotency_db_pool_waiting").set(f64::from(pool.waiting()));
+        if let Some(every) = records_every
+            && last_count.is_none_or(|t| t.elapsed() >= every)
+        {
+            last_count = Some(tokio::time::Instant::now());
+            let counted = tokio::select! {
+                () = stop.cancelled() => return,
+                counted = store.stats() => counted,
+            };
+            match counted {
+                Ok(stats) => record_stats(&stats),
+                Err(error) => tracing::debug!(%error, "counting records failed"),
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(POOL_INTERVAL.min(records_every.unwrap_or(POOL_INTERVAL))) => {}
+        }
+    }
+}
