@@ -131,6 +131,25 @@ pub struct Config {
     #[arg(long, env = "IDEMPOTENCY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 
+    /// Coalesce concurrent Claims and Completes into one statement per kind
+    /// (PostgreSQL; the embedded store has a single writer anyway).
+    #[arg(long, env = "IDEMPOTENCY_COALESCE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub coalesce: bool,
+
+    /// The most calls coalesced into one statement.
+    #[arg(long, env = "IDEMPOTENCY_COALESCE_MAX_BATCH", default_value_t = 128)]
+    pub coalesce_max_batch: usize,
+
+    /// How long a coalescing worker waits for more calls when its batch is not
+    /// full. 0s (the default) never waits: only calls already queued are
+    /// batched, so a lone call is not delayed.
+    #[arg(long, env = "IDEMPOTENCY_COALESCE_WINDOW", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub coalesce_window: Duration,
+
+    /// The most items in one ClaimBatch or CompleteBatch.
+    #[arg(long, env = "IDEMPOTENCY_MAX_BATCH_ITEMS", default_value_t = 500)]
+    pub max_batch_items: usize,
+
     /// The Prometheus endpoint (`/metrics`); empty turns it off.
     #[arg(long, env = "IDEMPOTENCY_METRICS_ADDR", default_value = "0.0.0.0:9090")]
     pub metrics_addr: String,
@@ -168,6 +187,14 @@ impl Config {
     }
 
     /// The metrics address; `None` when metrics are off.
+    pub fn coalesce_options(&self) -> crate::store::coalesce::CoalesceOptions {
+        crate::store::coalesce::CoalesceOptions {
+            max_batch: self.coalesce_max_batch,
+            window: self.coalesce_window,
+            workers: self.db_pool_size as usize,
+        }
+    }
+
     pub fn metrics_addr(&self) -> anyhow::Result<Option<SocketAddr>> {
         let addr = self.metrics_addr.trim();
         if addr.is_empty() {

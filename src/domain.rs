@@ -309,6 +309,17 @@ pub struct NewLease {
     pub retention: Duration,
 }
 
+/// A validated Complete, as the lifecycle and the store receive it.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub namespace: Namespace,
+    pub key: Key,
+    pub lease_token: LeaseToken,
+    pub response: Vec<u8>,
+    /// `None`: the Claim's retention.
+    pub retention: Option<Duration>,
+}
+
 /// What the store reports when a Claim won the key.
 #[derive(Debug, Clone)]
 pub struct Lease {

@@ -13,7 +13,7 @@ pub enum Error {
     /// The message names the field; nothing was changed.
     #[error("{field}: {reason}")]
     InvalidArgument {
-        field: &'static str,
+        field: Cow<'static, str>,
         reason: Cow<'static, str>,
     },
     /// `NOT_FOUND`: no unexpired record for the key.
@@ -38,8 +38,35 @@ pub enum Error {
 impl Error {
     pub fn invalid(field: &'static str, reason: impl Into<Cow<'static, str>>) -> Self {
         Self::InvalidArgument {
-            field,
+            field: Cow::Borrowed(field),
             reason: reason.into(),
+        }
+    }
+
+    /// The same error about item `index` of a batch: `items[3].key: …`.
+    pub fn at_item(self, index: usize) -> Self {
+        match self {
+            Self::InvalidArgument { field, reason } => Self::InvalidArgument {
+                field: Cow::Owned(format!("items[{index}].{field}")),
+                reason,
+            },
+            other => other,
+        }
+    }
+
+    /// A copy for each call of a batch that failed as a whole (causes are
+    /// carried as text: the original goes to one caller's log only).
+    pub fn replicate(&self) -> Self {
+        match self {
+            Self::InvalidArgument { field, reason } => Self::InvalidArgument {
+                field: field.clone(),
+                reason: reason.clone(),
+            },
+            Self::NotFound => Self::NotFound,
+            Self::LeaseMismatch(reason) => Self::LeaseMismatch(reason),
+            Self::Contended => Self::Contended,
+            Self::Unavailable(cause) => Self::Unavailable(cause.to_string().into()),
+            Self::Internal(cause) => Self::Internal(cause.to_string().into()),
         }
     }
 }

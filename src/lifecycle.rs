@@ -6,7 +6,8 @@
 //! someone else?), and serves the common duplicate (a completed key) with a
 //! read instead of a write. No tonic, no SQL.
 
-use std::time::Duration;
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
 
 use crate::domain::{
     ClaimOutcome, Fingerprint, Key, LeaseToken, Limits, Namespace, NewLease, Record, RecordState,
@@ -31,14 +32,7 @@ pub struct ClaimRequest {
 }
 
 /// A validated Complete.
-#[derive(Debug, Clone)]
-pub struct CompleteRequest {
-    pub namespace: Namespace,
-    pub key: Key,
-    pub lease_token: LeaseToken,
-    pub response: Vec<u8>,
-    pub retention: Option<Duration>,
-}
+pub use crate::domain::Completion as CompleteRequest;
 
 /// The lifecycle over one store, with the server's limits.
 #[derive(Clone)]
@@ -107,36 +101,140 @@ impl<S: Store> Lifecycle<S> {
     /// Complete: store the response under the current lease. A retried
     /// Complete (same token, already completed) answers OK with the stored
     /// expiry and keeps the first response.
-    pub async fn complete(&self, request: CompleteRequest) -> Result<std::time::SystemTime, Error> {
-        let retention = self.limits.complete_retention(request.retention)?;
-        let response = self.limits.response(request.response)?;
-        let token = request.lease_token;
+    pub async fn complete(&self, request: CompleteRequest) -> Result<SystemTime, Error> {
+        let request = self.validate_completion(request)?;
         if let Some(expires_at) = self
             .store
             .complete(
                 &request.namespace,
                 &request.key,
-                &token,
-                &response,
-                retention,
+                &request.lease_token,
+                &request.response,
+                request.retention,
             )
             .await?
         {
             return Ok(expires_at);
         }
-        let record = self.live_record(&request.namespace, &request.key).await?;
-        match record.state {
-            RecordState::Completed if record.lease_token == Some(token) => Ok(record.expires_at),
-            RecordState::Completed => Err(Error::LeaseMismatch(
-                "the key was completed under another lease",
-            )),
-            RecordState::Released if record.lease_token == Some(token) => Err(
-                Error::LeaseMismatch("the lease was released; claim the key again"),
-            ),
-            _ => Err(Error::LeaseMismatch(
-                "lease_token is not the key's current lease",
-            )),
+        let snapshot = self.store.fetch(&request.namespace, &request.key).await?;
+        why_not_completed(snapshot, request.lease_token)
+    }
+
+    /// Checks what the limits say about a Complete (its retention, its size).
+    fn validate_completion(&self, mut request: CompleteRequest) -> Result<CompleteRequest, Error> {
+        request.retention = self.limits.complete_retention(request.retention)?;
+        request.response = self.limits.response(request.response)?;
+        Ok(request)
+    }
+
+    /// Claims for many keys at once (a ClaimBatch, or calls coalesced): each
+    /// answered as its own Claim would be, in order, with set-based statements.
+    /// The same key twice is one lease: the first wins it, the second is told
+    /// it is in progress. A failure of the store fails the whole batch.
+    pub async fn claim_many(
+        &self,
+        requests: Vec<ClaimRequest>,
+    ) -> Result<Vec<ClaimOutcome>, Error> {
+        let mut leases = Vec::with_capacity(requests.len());
+        for (i, request) in requests.into_iter().enumerate() {
+            leases.push(NewLease {
+                lease_ttl: self
+                    .limits
+                    .lease_ttl(request.lease_ttl)
+                    .map_err(|e| e.at_item(i))?,
+                retention: self
+                    .limits
+                    .claim_retention(request.retention)
+                    .map_err(|e| e.at_item(i))?,
+                namespace: request.namespace,
+                key: request.key,
+                fingerprint: request.fingerprint,
+                lease_token: LeaseToken::generate(),
+            });
         }
+        let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; leases.len()];
+        let mut pending: Vec<usize> = (0..leases.len()).collect();
+        for _ in 0..CLAIM_ROUNDS {
+            if pending.is_empty() {
+                break;
+            }
+            let keys: Vec<(Namespace, Key)> = pending
+                .iter()
+                .map(|&i| (leases[i].namespace.clone(), leases[i].key.clone()))
+                .collect();
+            let snapshots = self.store.fetch_many(&keys).await?;
+            let mut attempts = Vec::new();
+            let mut again = Vec::new();
+            let mut trying = HashSet::new();
+            for (&i, snapshot) in pending.iter().zip(snapshots) {
+                match judge(snapshot, leases[i].fingerprint.as_ref()) {
+                    Verdict::Answer(outcome) => outcomes[i] = Some(outcome),
+                    Verdict::TryClaim { takeover } => {
+                        if trying.insert((&leases[i].namespace, &leases[i].key)) {
+                            attempts.push((i, takeover));
+                        } else {
+                            again.push(i);
+                        }
+                    }
+                }
+            }
+            let tried: Vec<NewLease> = attempts.iter().map(|&(i, _)| leases[i].clone()).collect();
+            let won = self.store.try_claim_many(&tried).await?;
+            for ((i, takeover), lease) in attempts.into_iter().zip(won) {
+                match lease {
+                    Some(lease) => {
+                        outcomes[i] = Some(ClaimOutcome::Claimed {
+                            lease,
+                            took_over: takeover,
+                        })
+                    }
+                    None => again.push(i),
+                }
+            }
+            again.sort_unstable();
+            pending = again;
+        }
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.ok_or(Error::Contended))
+            .collect()
+    }
+
+    /// Completes many keys at once (a CompleteBatch, or calls coalesced).
+    /// Invalid items fail the whole call; each valid item gets the answer its
+    /// own Complete would get.
+    pub async fn complete_many(
+        &self,
+        requests: Vec<CompleteRequest>,
+    ) -> Result<Vec<Result<SystemTime, Error>>, Error> {
+        let requests = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| self.validate_completion(r).map_err(|e| e.at_item(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let done = self.store.complete_many(&requests).await?;
+        let missed: Vec<usize> = (0..requests.len()).filter(|&i| done[i].is_none()).collect();
+        let keys: Vec<(Namespace, Key)> = missed
+            .iter()
+            .map(|&i| (requests[i].namespace.clone(), requests[i].key.clone()))
+            .collect();
+        let mut snapshots = if keys.is_empty() {
+            Vec::new()
+        } else {
+            self.store.fetch_many(&keys).await?
+        }
+        .into_iter();
+        Ok(done
+            .into_iter()
+            .zip(&requests)
+            .map(|(done, request)| match done {
+                Some(expires_at) => Ok(expires_at),
+                None => match snapshots.next() {
+                    Some(snapshot) => why_not_completed(snapshot, request.lease_token),
+                    None => Err(Error::Internal("a batch lost track of an item".into())),
+                },
+            })
+            .collect())
     }
 
     /// Release: give a failed attempt back. Repeating it with the same token
@@ -207,6 +305,25 @@ impl<S: Store> Lifecycle<S> {
             .await?
             .live()
             .ok_or(Error::NotFound)
+    }
+}
+
+/// Why a guarded Complete did not apply, from a read made after it: a retried
+/// Complete of the same lease is OK (with the stored expiry); anything else is
+/// an error naming what happened to the lease.
+fn why_not_completed(snapshot: Snapshot, token: LeaseToken) -> Result<SystemTime, Error> {
+    let record = snapshot.live().ok_or(Error::NotFound)?;
+    match record.state {
+        RecordState::Completed if record.lease_token == Some(token) => Ok(record.expires_at),
+        RecordState::Completed => Err(Error::LeaseMismatch(
+            "the key was completed under another lease",
+        )),
+        RecordState::Released if record.lease_token == Some(token) => Err(Error::LeaseMismatch(
+            "the lease was released; claim the key again",
+        )),
+        _ => Err(Error::LeaseMismatch(
+            "lease_token is not the key's current lease",
+        )),
     }
 }
 

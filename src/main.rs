@@ -29,8 +29,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(addr) = config.metrics_addr()? {
                 metrics::install(addr)?;
             }
+            // Handlers first: a SIGTERM that arrives while the store opens
+            // must drain, not kill.
+            let shutdown = shutdown_signal()?;
             let listener = tokio::net::TcpListener::bind(config.listen_addr).await?;
-            server::run(config, listener, shutdown_signal()).await
+            server::run(config, listener, shutdown).await
         }
         Command::Migrate => {
             AnyStore::open(&config.store_options(), true).await?;
@@ -62,19 +65,16 @@ async fn operate<S: Store>(store: S, config: &Config, command: Command) -> anyho
     Ok(())
 }
 
-/// Resolves on the first SIGTERM (Kubernetes, systemd) or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("installing the SIGTERM handler");
+/// Installs the handlers now, and resolves on the first SIGTERM (Kubernetes,
+/// systemd) or SIGINT (Ctrl-C).
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
         tokio::select! {
-            _ = interrupt => {}
             _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
+    })
 }

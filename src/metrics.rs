@@ -110,12 +110,16 @@ fn describe() {
 pub struct NamespaceLabels(Option<Arc<HashSet<String>>>);
 
 impl NamespaceLabels {
+    /// Blank entries are ignored, so `IDEMPOTENCY_METRICS_NAMESPACES=""` means
+    /// no namespace label.
     pub fn new(names: &[String]) -> Self {
-        if names.is_empty() {
-            Self(None)
-        } else {
-            Self(Some(Arc::new(names.iter().cloned().collect())))
-        }
+        let listed: HashSet<String> = names
+            .iter()
+            .map(|n| n.trim())
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .collect();
+        Self((!listed.is_empty()).then(|| Arc::new(listed)))
     }
 
     fn push(&self, labels: &mut Vec<Label>, namespace: Option<&Namespace>) {
@@ -239,5 +243,24 @@ pub async fn watch_store<S: Store>(
             () = stop.cancelled() => return,
             () = tokio::time::sleep(POOL_INTERVAL.min(records_every.unwrap_or(POOL_INTERVAL))) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_namespace_list_means_no_namespace_label() {
+        let mut labels = Vec::new();
+        NamespaceLabels::new(&[String::new()]).push(&mut labels, None);
+        assert!(labels.is_empty());
+        let listed = NamespaceLabels::new(&["payments".to_owned()]);
+        let payments = Namespace::parse("payments".to_owned()).unwrap();
+        let orders = Namespace::parse("orders".to_owned()).unwrap();
+        listed.push(&mut labels, Some(&payments));
+        listed.push(&mut labels, Some(&orders));
+        let values: Vec<_> = labels.iter().map(|l| l.value().to_owned()).collect();
+        assert_eq!(values, ["payments", "other"]);
     }
 }

@@ -18,12 +18,18 @@ use crate::health;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{self, NamespaceLabels};
 use crate::reaper;
+use crate::store::coalesce::Coalesced;
 use crate::store::{AnyStore, Store};
 
 /// Room above the largest response for the rest of a Complete request, so that
 /// an oversized response reaches validation and gets INVALID_ARGUMENT naming
 /// the field instead of a transport error.
 const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
+
+/// The largest request any call may send, unless a single response may be
+/// larger: room for a CompleteBatch of many small responses, while a request
+/// is still refused before it is decoded when it is larger than any valid one.
+const BATCH_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
 /// Opens the configured store (migrating it unless told not to) and serves on
 /// `listener` until `shutdown` resolves.
@@ -34,8 +40,21 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     config.validate()?;
     match AnyStore::open(&config.store_options(), config.run_migrations).await? {
+        AnyStore::Postgres(store) if config.coalesce => {
+            tracing::info!(
+                store = "postgres",
+                coalesce = true,
+                "using the PostgreSQL store"
+            );
+            let store = Coalesced::new(store, config.coalesce_options());
+            serve(store, &config, listener, shutdown).await
+        }
         AnyStore::Postgres(store) => {
-            tracing::info!(store = "postgres", "using the PostgreSQL store");
+            tracing::info!(
+                store = "postgres",
+                coalesce = false,
+                "using the PostgreSQL store"
+            );
             serve(store, &config, listener, shutdown).await
         }
         AnyStore::Sqlite(store) => {
@@ -89,8 +108,11 @@ pub async fn serve<S: Store>(
     let api = IdempotencyServiceServer::new(IdempotencyApi::new(
         Lifecycle::new(store.clone(), config.limits()),
         NamespaceLabels::new(&config.metrics_namespaces),
+        config.max_batch_items,
     ))
-    .max_decoding_message_size(config.max_response_bytes + REQUEST_OVERHEAD_BYTES);
+    .max_decoding_message_size(
+        (config.max_response_bytes + REQUEST_OVERHEAD_BYTES).max(BATCH_REQUEST_BYTES),
+    );
 
     let addr = listener.local_addr()?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::process::{ServerProcess, command};
+use common::process::{ServerProcess, command, free_port};
 use common::{Backend, StoreFixture, claim_request, outcome};
 use idempotency_service::grpc::proto::{CompleteRequest, Outcome};
 
@@ -70,7 +70,13 @@ async fn sqlite_keeps_a_completed_record_through_a_kill_9() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_arguments_it_serves_the_embedded_store_in_data() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(command(dir.path())).await;
+    let mut bare = command(dir.path());
+    // Everything at its default but the ports, which parallel tests share.
+    bare.env(
+        "IDEMPOTENCY_METRICS_ADDR",
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let server = ServerProcess::start(bare).await;
     let mut client = server.client();
     let claimed = client
         .claim(claim_request("ns", "k"))

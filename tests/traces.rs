@@ -31,9 +31,15 @@ async fn a_call_makes_a_server_span_under_the_callers_trace_with_a_span_per_stat
         format!("00-{trace_id}-{caller_span}-01").parse().unwrap(),
     );
     client.claim(request).await.unwrap();
-    provider.force_flush().unwrap();
 
-    let spans = exporter.get_finished_spans().unwrap();
+    // The server closes the call's span as it answers; wait for the export.
+    let spans = common::eventually(std::time::Duration::from_secs(10), || async {
+        provider.force_flush().unwrap();
+        let spans = exporter.get_finished_spans().unwrap();
+        spans.iter().any(|s| s.name == "Claim").then_some(spans)
+    })
+    .await
+    .unwrap_or_else(|| exporter.get_finished_spans().unwrap());
     let call = spans.iter().find(|s| s.name == "Claim").unwrap_or_else(|| {
         panic!(
             "no Claim span in {:?}",

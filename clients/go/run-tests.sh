@@ -65,7 +65,7 @@ well_known=$("$venv/bin/python" -c 'import grpc_tools, os; print(os.path.join(os
 
 port=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 mkdir -p "$work/data"
-env -u DATABASE_URL IDEMPOTENCY_LISTEN_ADDR="127.0.0.1:$port" IDEMPOTENCY_DATA_DIR="$work/data" \
+env -u DATABASE_URL IDEMPOTENCY_LISTEN_ADDR="127.0.0.1:$port" IDEMPOTENCY_DATA_DIR="$work/data" IDEMPOTENCY_METRICS_ADDR= \
   "$bin" >"$work/server.log" 2>&1 &
 server_pid=$!
 

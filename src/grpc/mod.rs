@@ -45,11 +45,33 @@ pub const SERVICE_NAME: &str = "idempotency.v1.IdempotencyService";
 pub struct IdempotencyApi<S> {
     lifecycle: Lifecycle<S>,
     labels: NamespaceLabels,
+    /// The most items in one ClaimBatch or CompleteBatch.
+    max_batch_items: usize,
 }
 
 impl<S: Store> IdempotencyApi<S> {
-    pub fn new(lifecycle: Lifecycle<S>, labels: NamespaceLabels) -> Self {
-        Self { lifecycle, labels }
+    pub fn new(lifecycle: Lifecycle<S>, labels: NamespaceLabels, max_batch_items: usize) -> Self {
+        Self {
+            lifecycle,
+            labels,
+            max_batch_items,
+        }
+    }
+
+    fn check_batch_size(&self, items: usize) -> Result<(), Error> {
+        if items == 0 {
+            return Err(Error::invalid("items", "must not be empty"));
+        }
+        if items > self.max_batch_items {
+            return Err(Error::invalid(
+                "items",
+                format!(
+                    "must be at most {} items, got {items}",
+                    self.max_batch_items
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn start<T>(&self, method: &'static str, request: &Request<T>) -> (CallLog, tracing::Span) {
@@ -200,6 +222,59 @@ fn identity(log: &mut CallLog, namespace: String, key: String) -> Result<(Namesp
     Ok((namespace, Key::parse(key)?))
 }
 
+fn parse_claim(request: proto::ClaimRequest) -> Result<lifecycle::ClaimRequest, Error> {
+    Ok(lifecycle::ClaimRequest {
+        namespace: Namespace::parse(request.namespace)?,
+        key: Key::parse(request.key)?,
+        fingerprint: Fingerprint::parse(request.fingerprint)?,
+        lease_ttl: duration("lease_ttl", request.lease_ttl)?,
+        retention: duration("retention", request.retention)?,
+    })
+}
+
+fn parse_complete(request: proto::CompleteRequest) -> Result<lifecycle::CompleteRequest, Error> {
+    Ok(lifecycle::CompleteRequest {
+        namespace: Namespace::parse(request.namespace)?,
+        key: Key::parse(request.key)?,
+        lease_token: LeaseToken::parse(&request.lease_token)?,
+        response: request.response,
+        retention: duration("retention", request.retention)?,
+    })
+}
+
+/// Parses every item of a batch; the first invalid one fails the call, named.
+fn parse_items<T, U>(items: Vec<T>, parse: fn(T) -> Result<U, Error>) -> Result<Vec<U>, Error> {
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| parse(item).map_err(|e| e.at_item(i)))
+        .collect()
+}
+
+/// The namespace a batch is logged under: the common one, or none when mixed.
+fn batch_namespace<'a>(mut namespaces: impl Iterator<Item = &'a Namespace>) -> Option<Namespace> {
+    let first = namespaces.next()?;
+    namespaces.all(|n| n == first).then(|| first.clone())
+}
+
+fn complete_result(result: Result<SystemTime, Error>) -> proto::CompleteResult {
+    match result {
+        Ok(expires_at) => proto::CompleteResult {
+            code: tonic::Code::Ok as i32,
+            message: String::new(),
+            expires_at: timestamp(expires_at),
+        },
+        Err(error) => {
+            let status = status::to_status(error);
+            proto::CompleteResult {
+                code: status.code() as i32,
+                message: status.message().to_owned(),
+                expires_at: None,
+            }
+        }
+    }
+}
+
 fn claim_response(outcome: ClaimOutcome) -> proto::ClaimResponse {
     use proto::{ClaimResponse, Outcome};
     match outcome {
@@ -274,14 +349,8 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         let (mut log, span) = self.start("Claim", &request);
         let request = request.into_inner();
         let result = async {
-            let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
-            let request = lifecycle::ClaimRequest {
-                namespace,
-                key,
-                fingerprint: Fingerprint::parse(request.fingerprint)?,
-                lease_ttl: duration("lease_ttl", request.lease_ttl)?,
-                retention: duration("retention", request.retention)?,
-            };
+            let request = parse_claim(request)?;
+            log.namespace = Some(request.namespace.clone());
             self.lifecycle.claim(request).await
         }
         .instrument(span)
@@ -300,14 +369,8 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         let (mut log, span) = self.start("Complete", &request);
         let request = request.into_inner();
         let result = async {
-            let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
-            let request = lifecycle::CompleteRequest {
-                namespace,
-                key,
-                lease_token: LeaseToken::parse(&request.lease_token)?,
-                response: request.response,
-                retention: duration("retention", request.retention)?,
-            };
+            let request = parse_complete(request)?;
+            log.namespace = Some(request.namespace.clone());
             self.lifecycle.complete(request).await
         }
         .instrument(span)
@@ -377,6 +440,52 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         log.finish(result, get_outcome, get_response)
     }
 
+    async fn claim_batch(
+        &self,
+        request: Request<proto::ClaimBatchRequest>,
+    ) -> Result<Response<proto::ClaimBatchResponse>, Status> {
+        let (mut log, span) = self.start("ClaimBatch", &request);
+        let items = request.into_inner().items;
+        let result = async {
+            self.check_batch_size(items.len())?;
+            let requests = parse_items(items, parse_claim)?;
+            log.namespace = batch_namespace(requests.iter().map(|r| &r.namespace));
+            self.lifecycle.claim_many(requests).await
+        }
+        .instrument(span)
+        .await;
+        log.finish(
+            result,
+            |o| batch_claim_outcome(o),
+            |outcomes| proto::ClaimBatchResponse {
+                items: outcomes.into_iter().map(claim_response).collect(),
+            },
+        )
+    }
+
+    async fn complete_batch(
+        &self,
+        request: Request<proto::CompleteBatchRequest>,
+    ) -> Result<Response<proto::CompleteBatchResponse>, Status> {
+        let (mut log, span) = self.start("CompleteBatch", &request);
+        let items = request.into_inner().items;
+        let result = async {
+            self.check_batch_size(items.len())?;
+            let requests = parse_items(items, parse_complete)?;
+            log.namespace = batch_namespace(requests.iter().map(|r| &r.namespace));
+            self.lifecycle.complete_many(requests).await
+        }
+        .instrument(span)
+        .await;
+        log.finish(
+            result,
+            |_| "ok",
+            |results| proto::CompleteBatchResponse {
+                items: results.into_iter().map(complete_result).collect(),
+            },
+        )
+    }
+
     async fn purge(
         &self,
         request: Request<proto::PurgeRequest>,
@@ -419,6 +528,17 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
                 previous_state: previous.map_or(proto::State::Absent, wire_state) as i32,
             },
         )
+    }
+}
+
+fn batch_claim_outcome(outcomes: &[ClaimOutcome]) -> &'static str {
+    if outcomes
+        .iter()
+        .any(|o| matches!(o, ClaimOutcome::Claimed { .. }))
+    {
+        "claimed"
+    } else {
+        "none_claimed"
     }
 }
 

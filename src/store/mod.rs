@@ -7,6 +7,7 @@
 //! serialised by the row lock, never by Rust code. Each store keeps its SQL and
 //! its migrations beside it; nothing above this module sees sqlx.
 
+pub mod coalesce;
 pub mod postgres;
 pub mod sqlite;
 
@@ -18,7 +19,9 @@ use std::time::{Duration, SystemTime};
 
 use tracing::Instrument;
 
-use crate::domain::{Key, Lease, LeaseToken, Namespace, NewLease, RecordState, Snapshot};
+use crate::domain::{
+    Completion, Key, Lease, LeaseToken, Namespace, NewLease, RecordState, Snapshot,
+};
 use crate::error::Error;
 
 /// The operations the lifecycle is built from. Each is atomic on its own;
@@ -72,6 +75,63 @@ pub trait Store: Clone + Send + Sync + 'static {
         token: &LeaseToken,
         lease_ttl: Duration,
     ) -> impl Future<Output = Result<Option<SystemTime>, Error>> + Send;
+
+    /// `fetch` for many keys, answered in order. The default reads them one by
+    /// one; a store with a set-based statement overrides it.
+    fn fetch_many(
+        &self,
+        keys: &[(Namespace, Key)],
+    ) -> impl Future<Output = Result<Vec<Snapshot>, Error>> + Send {
+        async move {
+            let mut snapshots = Vec::with_capacity(keys.len());
+            for (namespace, key) in keys {
+                snapshots.push(self.fetch(namespace, key).await?);
+            }
+            Ok(snapshots)
+        }
+    }
+
+    /// `try_claim` for many leases, answered in order. The default tries them
+    /// one by one. A set-based override may answer `None` for a key named
+    /// again after its first occurrence (one statement cannot take a row
+    /// twice); the lifecycle reads such items again.
+    fn try_claim_many(
+        &self,
+        leases: &[NewLease],
+    ) -> impl Future<Output = Result<Vec<Option<Lease>>, Error>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(leases.len());
+            for lease in leases {
+                results.push(self.try_claim(lease).await?);
+            }
+            Ok(results)
+        }
+    }
+
+    /// `complete` for many completions, answered in order. The default
+    /// completes them one by one; a set-based override may answer `None` for
+    /// a repeat of the same key and token, which the lifecycle reads again.
+    fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> impl Future<Output = Result<Vec<Option<SystemTime>>, Error>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(completions.len());
+            for c in completions {
+                results.push(
+                    self.complete(
+                        &c.namespace,
+                        &c.key,
+                        &c.lease_token,
+                        &c.response,
+                        c.retention,
+                    )
+                    .await?,
+                );
+            }
+            Ok(results)
+        }
+    }
 
     /// Deletes up to `batch` expired records; safe to run from several
     /// replicas at once. Returns how many it deleted.

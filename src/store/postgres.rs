@@ -8,6 +8,7 @@
 //! the latest row version after taking the row lock, which is what makes
 //! "exactly one winner" hold across replicas.
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
@@ -16,7 +17,8 @@ use time::OffsetDateTime;
 
 use super::{Budget, PoolStatus, StateCount, Store, StoreOptions, StoreStats, micros};
 use crate::domain::{
-    Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState, Snapshot,
+    Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState,
+    Snapshot,
 };
 use crate::error::Error;
 
@@ -28,6 +30,47 @@ SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.r
        r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at
 FROM (SELECT 1) AS clock
 LEFT JOIN idempotency_records AS r ON r.namespace = $1 AND r.key = $2";
+
+/// FETCH for many keys at once: one row per input, in input order.
+const FETCH_MANY: &str = "
+SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
+       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS i(namespace, key, ord)
+LEFT JOIN idempotency_records AS r
+       ON r.namespace = i.namespace COLLATE \"C\" AND r.key = i.key COLLATE \"C\"
+ORDER BY i.ord";
+
+/// TRY_CLAIM for many distinct keys in one statement (the same rule, row by
+/// row). Rows come in key order, so concurrent batches lock rows in the same
+/// order and cannot deadlock each other.
+const TRY_CLAIM_MANY: &str = "
+INSERT INTO idempotency_records AS r
+    (namespace, key, state, fencing_token, lease_token, fingerprint, response, retention_us,
+     lease_expires_at, expires_at, created_at, updated_at)
+SELECT i.namespace, i.key, 1, 1, i.lease_token, i.fingerprint, NULL, i.retention_us,
+       now() + i.lease_us::float8 * interval '1 microsecond',
+       now() + (i.lease_us + i.retention_us)::float8 * interval '1 microsecond',
+       now(), now()
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::int8[], $6::int8[])
+     AS i(namespace, key, lease_token, fingerprint, lease_us, retention_us)
+ORDER BY i.namespace COLLATE \"C\", i.key COLLATE \"C\"
+ON CONFLICT (namespace, key) DO UPDATE SET
+    state = 1,
+    fencing_token = r.fencing_token + 1,
+    lease_token = excluded.lease_token,
+    fingerprint = CASE WHEN r.expires_at <= now() THEN excluded.fingerprint
+                       ELSE coalesce(r.fingerprint, excluded.fingerprint) END,
+    response = NULL,
+    retention_us = excluded.retention_us,
+    lease_expires_at = excluded.lease_expires_at,
+    expires_at = excluded.expires_at,
+    created_at = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at END,
+    updated_at = now()
+WHERE r.expires_at <= now()
+   OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= now()))
+       AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
+            OR r.fingerprint = excluded.fingerprint))
+RETURNING namespace, key, fencing_token, lease_expires_at, expires_at";
 
 /// Inserts a new key, or takes over an existing row that is expired, released,
 /// or in progress under an expired lease, unless its fingerprint conflicts.
@@ -70,6 +113,18 @@ SET state = 2, response = $4, lease_expires_at = NULL,
     updated_at = now()
 WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
 RETURNING expires_at";
+
+/// COMPLETE for many distinct keys in one statement.
+const COMPLETE_MANY: &str = "
+UPDATE idempotency_records AS r
+SET state = 2, response = i.response, lease_expires_at = NULL,
+    expires_at = now() + coalesce(i.retention_us, r.retention_us)::float8 * interval '1 microsecond',
+    updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::int8[])
+     AS i(namespace, key, lease_token, response, retention_us)
+WHERE r.namespace = i.namespace COLLATE \"C\" AND r.key = i.key COLLATE \"C\"
+  AND r.state = 1 AND r.lease_token = i.lease_token AND r.expires_at > now()
+RETURNING r.namespace, r.key, r.lease_token, r.expires_at";
 
 /// Released records stay for their retention, so a late duplicate with another
 /// payload is still told about the mismatch, and the fencing counter goes on.
@@ -185,6 +240,26 @@ fn token_from(bytes: Vec<u8>) -> Result<LeaseToken, Error> {
         .map_err(|_| Error::Internal("a stored lease token is not 16 bytes".into()))
 }
 
+/// The positions of the first occurrence of each identity, in byte order of
+/// (namespace, key): the order rows are locked in.
+fn distinct_in_key_order<T, I: Eq + std::hash::Hash>(
+    items: &[T],
+    key: impl Fn(&T) -> (&Namespace, &Key),
+    identity: impl Fn(&T) -> I,
+) -> Vec<usize> {
+    let mut seen = HashSet::with_capacity(items.len());
+    let mut order: Vec<usize> = (0..items.len())
+        .filter(|&i| seen.insert(identity(&items[i])))
+        .collect();
+    order.sort_by(|&a, &b| {
+        let (na, ka) = key(&items[a]);
+        let (nb, kb) = key(&items[b]);
+        (na.as_str().as_bytes(), ka.as_str().as_bytes())
+            .cmp(&(nb.as_str().as_bytes(), kb.as_str().as_bytes()))
+    });
+    order
+}
+
 fn snapshot_from_row(row: &PgRow) -> Result<Snapshot, Error> {
     let get = |e: sqlx::Error| Error::Internal(Box::new(e));
     let now = system_time(row.try_get("now").map_err(get)?);
@@ -259,6 +334,148 @@ impl Store for PostgresStore {
             })
         })
         .transpose()
+    }
+
+    async fn fetch_many(&self, keys: &[(Namespace, Key)]) -> Result<Vec<Snapshot>, Error> {
+        let namespaces: Vec<&str> = keys.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
+        let rows = self
+            .budget
+            .run(
+                "fetch_many",
+                sqlx::query(FETCH_MANY)
+                    .bind(&namespaces)
+                    .bind(&names)
+                    .fetch_all(&self.pool),
+            )
+            .await?;
+        rows.iter().map(snapshot_from_row).collect()
+    }
+
+    async fn try_claim_many(&self, leases: &[NewLease]) -> Result<Vec<Option<Lease>>, Error> {
+        // One lease per key: a statement cannot take the same row twice.
+        let order = distinct_in_key_order(
+            leases,
+            |l| (&l.namespace, &l.key),
+            |l| (l.namespace.clone(), l.key.clone()),
+        );
+        let pick =
+            |f: fn(&NewLease) -> i64| order.iter().map(|&i| f(&leases[i])).collect::<Vec<_>>();
+        let namespaces: Vec<&str> = order
+            .iter()
+            .map(|&i| leases[i].namespace.as_str())
+            .collect();
+        let names: Vec<&str> = order.iter().map(|&i| leases[i].key.as_str()).collect();
+        let tokens: Vec<&[u8]> = order
+            .iter()
+            .map(|&i| leases[i].lease_token.as_bytes().as_slice())
+            .collect();
+        let fingerprints: Vec<Option<&[u8]>> = order
+            .iter()
+            .map(|&i| leases[i].fingerprint.as_ref().map(Fingerprint::as_bytes))
+            .collect();
+        let rows = self
+            .budget
+            .run(
+                "try_claim_many",
+                sqlx::query(TRY_CLAIM_MANY)
+                    .bind(&namespaces)
+                    .bind(&names)
+                    .bind(&tokens)
+                    .bind(&fingerprints)
+                    .bind(pick(|l| micros(l.lease_ttl)))
+                    .bind(pick(|l| micros(l.retention)))
+                    .fetch_all(&self.pool),
+            )
+            .await?;
+        let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+        let mut won = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let namespace: String = row.try_get("namespace").map_err(get)?;
+            let key: String = row.try_get("key").map_err(get)?;
+            won.insert((namespace, key), row);
+        }
+        let mut results = vec![None; leases.len()];
+        for &i in &order {
+            let lease = &leases[i];
+            let won_row = won.get(&(
+                lease.namespace.as_str().to_owned(),
+                lease.key.as_str().to_owned(),
+            ));
+            if let Some(row) = won_row {
+                results[i] = Some(Lease {
+                    lease_token: lease.lease_token,
+                    fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
+                    lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
+                    expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+                });
+            }
+        }
+        Ok(results)
+    }
+
+    async fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> Result<Vec<Option<SystemTime>>, Error> {
+        // Different tokens for one key may share the statement (at most one is
+        // current); a repeat of the same token is answered by the lifecycle.
+        let order = distinct_in_key_order(
+            completions,
+            |c| (&c.namespace, &c.key),
+            |c| (c.namespace.clone(), c.key.clone(), c.lease_token),
+        );
+        let namespaces: Vec<&str> = order
+            .iter()
+            .map(|&i| completions[i].namespace.as_str())
+            .collect();
+        let names: Vec<&str> = order.iter().map(|&i| completions[i].key.as_str()).collect();
+        let tokens: Vec<&[u8]> = order
+            .iter()
+            .map(|&i| completions[i].lease_token.as_bytes().as_slice())
+            .collect();
+        let responses: Vec<&[u8]> = order
+            .iter()
+            .map(|&i| completions[i].response.as_slice())
+            .collect();
+        let retentions: Vec<Option<i64>> = order
+            .iter()
+            .map(|&i| completions[i].retention.map(micros))
+            .collect();
+        let rows = self
+            .budget
+            .run(
+                "complete_many",
+                sqlx::query(COMPLETE_MANY)
+                    .bind(&namespaces)
+                    .bind(&names)
+                    .bind(&tokens)
+                    .bind(&responses)
+                    .bind(&retentions)
+                    .fetch_all(&self.pool),
+            )
+            .await?;
+        let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+        let mut done = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let namespace: String = row.try_get("namespace").map_err(get)?;
+            let key: String = row.try_get("key").map_err(get)?;
+            let token = token_from(row.try_get("lease_token").map_err(get)?)?;
+            let expires_at: OffsetDateTime = row.try_get("expires_at").map_err(get)?;
+            done.insert((namespace, key, token), system_time(expires_at));
+        }
+        let mut results = vec![None; completions.len()];
+        for &i in &order {
+            let c = &completions[i];
+            results[i] = done
+                .get(&(
+                    c.namespace.as_str().to_owned(),
+                    c.key.as_str().to_owned(),
+                    c.lease_token,
+                ))
+                .copied();
+        }
+        Ok(results)
     }
 
     async fn complete(

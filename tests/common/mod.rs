@@ -36,7 +36,10 @@ const TEST_DATABASE: &str = "idempotency_test";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
+    /// PostgreSQL, with concurrent calls coalesced (the default).
     Postgres,
+    /// PostgreSQL, one statement per call.
+    PostgresUncoalesced,
     Sqlite,
 }
 
@@ -53,7 +56,7 @@ impl StoreFixture {
         let temp = tempfile::tempdir().expect("temp dir");
         let database_url = match backend {
             Backend::Sqlite => None,
-            Backend::Postgres => Some(fresh_postgres_schema().await),
+            Backend::Postgres | Backend::PostgresUncoalesced => Some(fresh_postgres_schema().await),
         };
         Self {
             backend,
@@ -97,6 +100,8 @@ impl StoreFixture {
         config.health_check_interval = Duration::from_millis(200);
         config.db_timeout = Duration::from_secs(5);
         config.db_pool_size = 8;
+        config.metrics_addr = String::new();
+        config.coalesce = self.backend != Backend::PostgresUncoalesced;
         config
     }
 }

@@ -34,6 +34,8 @@ pub fn command(dir: &Path) -> Command {
             command.env_remove(name);
         }
     }
+    // Metrics off unless a test asks: the default port is one for all.
+    command.env("IDEMPOTENCY_METRICS_ADDR", "");
     command.stdout(Stdio::null()).stderr(Stdio::null());
     command
 }

@@ -111,7 +111,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   const target = `127.0.0.1:${await freePort()}`;
   const env: Record<string, string> = { ...(process.env as Record<string, string>) };
   delete env.DATABASE_URL;
-  Object.assign(env, { IDEMPOTENCY_LISTEN_ADDR: target, IDEMPOTENCY_DATA_DIR: dataDir });
+  // Metrics off: the default port (9090) is one for every server on the machine.
+  Object.assign(env, { IDEMPOTENCY_LISTEN_ADDR: target, IDEMPOTENCY_DATA_DIR: dataDir, IDEMPOTENCY_METRICS_ADDR: "" });
   if (options.databaseUrl) env.DATABASE_URL = options.databaseUrl;
   Object.assign(env, options.env ?? {});
   const logPath = join(dataDir, "server.log");
