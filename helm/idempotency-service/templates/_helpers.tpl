@@ -120,6 +120,13 @@ nobody believes a value is in use that is not.
   value: {{ .logFormat | quote }}
 - name: RUST_LOG
   value: {{ .logFilter | quote }}
+- name: IDEMPOTENCY_RECORDS_GAUGE_INTERVAL
+  value: {{ .recordsGaugeInterval | quote }}
+{{- /* Unset when empty: an empty value would be one namespace named "". */}}
+{{- with .metricsNamespaces }}
+- name: IDEMPOTENCY_METRICS_NAMESPACES
+  value: {{ join "," . | quote }}
+{{- end }}
 {{- if .dataDir }}
 - name: IDEMPOTENCY_DATA_DIR
   value: {{ .dataDir | quote }}

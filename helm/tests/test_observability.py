@@ -1,0 +1,374 @@
+"""Checks of the monitoring files: the Grafana dashboard, the alert rules, and
+the metrics table of docs/operations.md, against the metrics the server serves.
+
+Run by scripts/check-helm.sh (which also runs yamllint, `promtool check rules`
+and `promtool test rules` on deploy/prometheus); by hand:
+
+    .cache/check-helm/venv/bin/pytest helm/tests/test_observability.py
+
+Every PromQL expression is parsed with a real PromQL parser (promql-parser),
+so a typo in a metric or label name, or an expression that does not parse,
+fails here instead of drawing an empty panel or an alert that never fires.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import promql_parser as promql
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "deploy" / "grafana" / "idempotency-service.json"
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
+OPERATIONS = REPO / "docs" / "operations.md"
+METRICS_SOURCE = REPO / "src" / "metrics.rs"
+
+METHODS = {"Claim", "Complete", "Release", "ExtendLease", "Get", "Purge"}
+CODES = {
+    "ok",
+    "invalid_argument",
+    "not_found",
+    "failed_precondition",
+    "aborted",
+    "unavailable",
+    "internal",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    type: str
+    # Label name -> its possible values (None: not a fixed set).
+    labels: dict[str, frozenset[str] | None] = field(default_factory=dict)
+
+
+# `namespace` is there only when IDEMPOTENCY_METRICS_NAMESPACES lists some.
+NAMESPACE = {"namespace": None}
+
+# What the server exports: the names, types and labels docs/operations.md lists.
+METRICS: dict[str, Metric] = {
+    "idempotency_calls_total": Metric(
+        "counter", {"method": frozenset(METHODS), "code": frozenset(CODES), **NAMESPACE}
+    ),
+    "idempotency_call_duration_seconds": Metric("histogram", {"method": frozenset(METHODS)}),
+    "idempotency_claims_total": Metric(
+        "counter",
+        {
+            "outcome": frozenset({"claimed", "in_progress", "completed", "fingerprint_mismatch"}),
+            **NAMESPACE,
+        },
+    ),
+    "idempotency_lease_takeovers_total": Metric("counter", {**NAMESPACE}),
+    "idempotency_lease_lost_total": Metric(
+        "counter", {"method": frozenset({"Complete", "Release", "ExtendLease"}), **NAMESPACE}
+    ),
+    "idempotency_purges_total": Metric("counter"),
+    "idempotency_db_pool_connections": Metric("gauge"),
+    "idempotency_db_pool_idle": Metric("gauge"),
+    "idempotency_db_pool_max": Metric("gauge"),
+    "idempotency_db_pool_waiting": Metric("gauge"),
+    "idempotency_reaper_runs_total": Metric("counter", {"result": frozenset({"ok", "error"})}),
+    "idempotency_reaper_deleted_total": Metric("counter"),
+    "idempotency_records": Metric(
+        "gauge", {"state": frozenset({"in_progress", "completed", "released", "expired"})}
+    ),
+    "idempotency_reaper_lag_seconds": Metric("gauge"),
+    "idempotency_store_up": Metric("gauge"),
+}
+
+# Labels Prometheus adds to every scraped series, which queries may use.
+TARGET_LABELS = {"job", "instance"}
+
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def metric_of(series_name: str) -> tuple[str, Metric]:
+    """The exported metric a series name belongs to (a histogram's _bucket,
+    _sum and _count series belong to the histogram)."""
+    if series_name in METRICS:
+        metric = METRICS[series_name]
+        assert metric.type != "histogram", f"{series_name}: query a histogram's _bucket, _sum or _count"
+        return series_name, metric
+    for suffix in HISTOGRAM_SUFFIXES:
+        base = series_name.removesuffix(suffix)
+        if base != series_name and METRICS.get(base, Metric("")).type == "histogram":
+            return base, METRICS[base]
+    raise AssertionError(f"{series_name} is not a metric the server exports")
+
+
+def labels_of(series_name: str) -> set[str]:
+    _, metric = metric_of(series_name)
+    extra = {"le"} if series_name.endswith("_bucket") else set()
+    return set(metric.labels) | TARGET_LABELS | extra
+
+
+# --- PromQL ------------------------------------------------------------------
+
+
+def grafana_to_promql(expr: str) -> str:
+    """Grafana's variables replaced by values PromQL can parse."""
+    expr = re.sub(r"\$__(rate_interval|interval|range)\b", "5m", expr)
+    return re.sub(r"\$\{?[A-Za-z_]\w*(?::\w+)?\}?", "variable", expr)
+
+
+def selectors(tree) -> list:
+    found = []
+
+    def visit(node):
+        if isinstance(node, promql.VectorSelector):
+            found.append(node)
+
+    promql.walk(tree, visit)
+    return found
+
+
+def check_expression(expr: str) -> set[str]:
+    """Parses expr, checks its metric and label names and label values, and
+    returns the metrics it reads."""
+    tree = promql.parse(expr)
+    used = set()
+    for selector in selectors(tree):
+        assert selector.name, f"select metrics by name, not by __name__: {expr}"
+        base, metric = metric_of(selector.name)
+        used.add(base)
+        allowed = labels_of(selector.name)
+        matchers = list(selector.matchers.matchers)
+        for group in selector.matchers.or_matchers:
+            matchers.extend(group)
+        for matcher in matchers:
+            if matcher.name == "__name__":
+                continue
+            assert matcher.name in allowed, (
+                f"{selector.name} has no label {matcher.name!r} (it has {sorted(allowed)}): {expr}"
+            )
+            values = metric.labels.get(matcher.name)
+            if values is None or "variable" in matcher.value:
+                continue
+            if matcher.op in (promql.MatchOp.Equal, promql.MatchOp.NotEqual):
+                wanted = {matcher.value}
+            else:
+                assert re.fullmatch(r"[\w|]+", matcher.value), (
+                    f"use a plain alternation (a|b) in regex matchers on {matcher.name}: {expr}"
+                )
+                wanted = set(matcher.value.split("|"))
+            assert wanted <= values, (
+                f"{matcher.name} of {base} is one of {sorted(values)}, not {sorted(wanted - values)}: {expr}"
+            )
+
+    def check_grouping(node):
+        if isinstance(node, promql.AggregateExpr) and node.modifier is not None:
+            grouped = set(node.modifier.labels)
+            available = set().union(*(labels_of(s.name) for s in selectors(node.expr)))
+            assert grouped <= available, (
+                f"grouping by {sorted(grouped - available)}, which {sorted(used)} do not have: {expr}"
+            )
+
+    promql.walk(tree, check_grouping)
+    return used
+
+
+@pytest.mark.parametrize(
+    "expr, message",
+    [
+        ("rate(idempotency_call_total[5m])", "idempotency_call_total is not a metric"),
+        ("rate(idempotency_calls_total{method=\"Clam\"}[5m])", "not ['Clam']"),
+        ("rate(idempotency_calls_total{status=\"ok\"}[5m])", "has no label 'status'"),
+        ("sum by (state) (rate(idempotency_calls_total[5m]))", "grouping by ['state']"),
+        ("rate(idempotency_call_duration_seconds[5m])", "query a histogram's _bucket"),
+        ("idempotency_records{state=~\"expired|gone\"}", "not ['gone']"),
+        ("sum(rate(idempotency_calls_total[5m])", "unclosed"),
+    ],
+)
+def test_the_expression_check_rejects_what_it_is_meant_to(expr, message):
+    with pytest.raises((AssertionError, ValueError), match=re.escape(message)):
+        check_expression(expr)
+
+
+# --- the dashboard ---------------------------------------------------------------
+
+
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panels(board: dict) -> list[dict]:
+    """Every panel, including those inside collapsed rows."""
+    out = []
+    for panel in board["panels"]:
+        out.append(panel)
+        out.extend(panel.get("panels", []))
+    return out
+
+
+def visualisations(board: dict) -> list[dict]:
+    return [p for p in panels(board) if p["type"] != "row"]
+
+
+def test_the_dashboard_is_json_with_a_prometheus_datasource_variable_and_job_and_instance():
+    board = dashboard()
+    assert board["schemaVersion"] == 39
+    assert board["uid"] == "idempotency-service"
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert list(variables) == ["datasource", "job", "instance"]
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("job", "instance"):
+        assert variables[name]["type"] == "query"
+        assert variables[name]["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert variables[name]["multi"] is True and variables[name]["includeAll"] is True
+
+
+def test_variable_queries_read_exported_metrics():
+    for variable in dashboard()["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        match = re.fullmatch(r"label_values\((.+), *(\w+)\)", variable["query"]["query"])
+        assert match, variable["query"]
+        assert variable["definition"] == variable["query"]["query"]
+        series, label = match.groups()
+        check_expression(grafana_to_promql(series))
+        [selector] = selectors(promql.parse(grafana_to_promql(series)))
+        assert label in labels_of(selector.name)
+
+
+def test_every_panel_has_a_target_on_the_datasource_variable():
+    board = dashboard()
+    ids = [p["id"] for p in panels(board)]
+    assert len(ids) == len(set(ids)), f"panel ids repeat: {ids}"
+    for panel in visualisations(board):
+        assert panel["targets"], f"panel {panel['title']!r} has no target"
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), f"{panel['title']}: refIds repeat"
+        for target in panel["targets"]:
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            assert target["expr"].strip(), f"{panel['title']}: empty expression"
+        assert panel["fieldConfig"]["defaults"]["unit"], f"{panel['title']}: no unit"
+
+
+def test_every_dashboard_expression_parses_and_uses_only_exported_metrics_and_labels():
+    for panel in visualisations(dashboard()):
+        for target in panel["targets"]:
+            expr = target["expr"]
+            check_expression(grafana_to_promql(expr))
+            # Each series selector follows the dashboard's job and instance.
+            for selector in selectors(promql.parse(grafana_to_promql(expr))):
+                names = {m.name for m in selector.matchers.matchers}
+                assert {"job", "instance"} <= names, f"{panel['title']}: {expr}"
+
+
+def test_the_dashboard_shows_every_exported_metric():
+    used = set()
+    for panel in visualisations(dashboard()):
+        for target in panel["targets"]:
+            used |= check_expression(grafana_to_promql(target["expr"]))
+    assert used == set(METRICS)
+
+
+def test_the_dashboard_has_the_panels_an_operator_looks_for():
+    titles = [p["title"] for p in visualisations(dashboard())]
+    assert titles == [
+        "Call rate by method and code",
+        "Error ratio",
+        "Latency p50 and p99 by method",
+        "Claim outcomes",
+        "Replay ratio",
+        "Lease takeovers and lost leases",
+        "Store up",
+        "Connection pool",
+        "Records by state",
+        "Reaper",
+        "Reaper lag",
+        "Purges",
+    ]
+    units = {p["title"]: p["fieldConfig"]["defaults"]["unit"] for p in visualisations(dashboard())}
+    assert units["Error ratio"] == units["Replay ratio"] == "percentunit"
+    assert units["Latency p50 and p99 by method"] == units["Reaper lag"] == "s"
+    assert units["Call rate by method and code"] == "reqps"
+
+
+def test_panels_do_not_overlap():
+    taken: dict[tuple[int, int], str] = {}
+    for panel in panels(dashboard()):
+        pos = panel["gridPos"]
+        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, panel["title"]
+        for x in range(pos["x"], pos["x"] + pos["w"]):
+            for y in range(pos["y"], pos["y"] + pos["h"]):
+                assert (x, y) not in taken, f"{panel['title']} overlaps {taken[(x, y)]}"
+                taken[(x, y)] = panel["title"]
+
+
+# --- the alert rules -------------------------------------------------------------
+
+
+def rules() -> list[dict]:
+    doc = yaml.safe_load(ALERTS.read_text())
+    assert list(doc) == ["groups"]
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def test_the_alerts_are_the_six_examples():
+    assert [r["alert"] for r in rules()] == [
+        "IdempotencyStoreDown",
+        "IdempotencyUnavailableRateHigh",
+        "IdempotencyLeaseLostRateHigh",
+        "IdempotencyCallLatencyHigh",
+        "IdempotencyDbPoolSaturated",
+        "IdempotencyReaperLagHigh",
+    ]
+
+
+def test_every_alert_has_a_severity_a_summary_and_a_description():
+    for rule in rules():
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
+        assert set(rule["annotations"]) == {"summary", "description"}, rule["alert"]
+        assert rule["annotations"]["summary"].strip(), rule["alert"]
+        assert rule["annotations"]["description"].strip(), rule["alert"]
+        assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
+
+
+def test_every_alert_expression_parses_and_uses_only_exported_metrics_and_labels():
+    for rule in rules():
+        assert check_expression(rule["expr"]), rule["alert"]
+
+
+def test_the_store_down_and_reaper_lag_alerts_have_the_documented_thresholds():
+    by_name = {r["alert"]: r for r in rules()}
+    assert by_name["IdempotencyStoreDown"]["expr"].strip() == "idempotency_store_up == 0"
+    assert by_name["IdempotencyStoreDown"]["for"] == "2m"
+    assert by_name["IdempotencyReaperLagHigh"]["for"] == "15m"
+    assert by_name["IdempotencyReaperLagHigh"]["expr"].strip().endswith("> 600")
+    assert by_name["IdempotencyDbPoolSaturated"]["expr"].strip() == "idempotency_db_pool_waiting > 0"
+    assert by_name["IdempotencyDbPoolSaturated"]["for"] == "10m"
+
+
+def test_every_alert_has_a_unit_test_and_a_section_in_the_operations_page():
+    alert_tests = yaml.safe_load((ALERTS.parent / "alerts.test.yaml").read_text())
+    tested = {case["alertname"] for test in alert_tests["tests"] for case in test["alert_rule_test"]}
+    page = OPERATIONS.read_text()
+    for rule in rules():
+        assert rule["alert"] in tested, f"{rule['alert']} has no case in alerts.test.yaml"
+        assert re.search(rf"^#+ {rule['alert']} \(", page, re.M), (
+            f"{rule['alert']} has no section in docs/operations.md"
+        )
+
+
+# --- the metric names themselves -----------------------------------------------
+
+
+def test_the_server_source_names_exactly_the_metrics_checked_here():
+    names = set(re.findall(r'"(idempotency_[a-z_]+)"', METRICS_SOURCE.read_text()))
+    assert names == set(METRICS)
+
+
+def test_the_operations_page_lists_every_metric_with_its_type_and_labels():
+    rows = re.findall(r"^\| `(idempotency_\w+)` \| (\w+) \| ([^|]*) \|", OPERATIONS.read_text(), re.M)
+    documented = {name: (kind, set(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}
+    assert documented == {
+        name: (metric.type, set(metric.labels)) for name, metric in METRICS.items()
+    }
