@@ -12,9 +12,12 @@ import uuid
 import pytest
 
 from idempotency_client import (
+    ClaimItem,
+    CompleteItem,
     FingerprintMismatch,
     IdempotencyClient,
     InProgress,
+    Outcome,
     derive_key,
     fingerprint,
 )
@@ -109,3 +112,25 @@ def test_a_lease_held_from_python_is_in_progress_to_node(server, client, namespa
     assert node["error"] == "InProgress" and node["ran"] is False
     client.complete(namespace, key, claim.lease_token, json.dumps("py").encode())
     assert node_once(server, namespace, ["shop", "o-5"], ORDER, "node")["value"] == "py"
+
+
+def test_a_batch_completed_from_python_is_replayed_to_node_and_the_reverse(server, client, namespace):
+    node = node_once(server, namespace, ["shop", "o-6"], ORDER, {"charged_by": "node"})
+    assert node["ran"] is True
+    keys = [derive_key("shop", order) for order in ("o-6", "o-7", "o-8")]
+
+    claims = client.claim_batch([ClaimItem(namespace, key, fingerprint=fingerprint(ORDER)) for key in keys])
+
+    assert [c.outcome for c in claims] == [Outcome.COMPLETED, Outcome.CLAIMED, Outcome.CLAIMED]
+    assert json.loads(claims[0].response) == {"charged_by": "node"}
+    done = client.complete_batch(
+        [
+            CompleteItem(namespace, key, claim.lease_token, json.dumps({"charged_by": "python", "key": i}).encode())
+            for i, (key, claim) in enumerate(zip(keys, claims))
+            if claim.claimed
+        ]
+    )
+    assert [d.ok for d in done] == [True, True]
+    for i, order in ((1, "o-7"), (2, "o-8")):
+        node = node_once(server, namespace, ["shop", order], ORDER, "node")
+        assert node == {**node, "ran": False, "replayed": True, "value": {"charged_by": "python", "key": i}}

@@ -1,4 +1,4 @@
-// IdempotencyClient: the five RPCs over @grpc/grpc-js, with typed results and
+// IdempotencyClient: the RPCs over @grpc/grpc-js, with typed results and
 // typed errors, and once() built on them.
 import { join } from "node:path";
 import * as grpc from "@grpc/grpc-js";
@@ -9,13 +9,19 @@ import { fromServiceError } from "./errors";
 import { runOnce, type OnceOptions, type OnceResult, type Lease } from "./once";
 import {
   claimResult,
+  completeItemResult,
   keyRecord,
+  purgeResult,
   toDate,
   toDuration,
+  type ClaimItem,
   type ClaimResult,
+  type CompleteItem,
+  type CompleteItemResult,
   type CompleteResult,
   type ExtendLeaseResult,
   type KeyRecord,
+  type PurgeResult,
 } from "./types";
 
 /** Each call's deadline unless the client or the call sets another. */
@@ -54,6 +60,11 @@ export interface CompleteOptions extends CallOptions {
 
 export interface ExtendLeaseOptions extends CallOptions {
   leaseTtlMs?: number;
+}
+
+export interface PurgeOptions extends CallOptions {
+  /** Why, for the server's log (an incident or ticket reference); at most 256 bytes. */
+  reason?: string;
 }
 
 // The loader options must match the flags scripts/generate.mjs passes to
@@ -122,13 +133,7 @@ export class IdempotencyClient {
 
   /** Try to take the lease on a key. Losing a race is outcome IN_PROGRESS, not an error. */
   async claim(namespace: string, key: string, options: ClaimOptions = {}): Promise<ClaimResult> {
-    const response = await this.call("Claim", {
-      namespace,
-      key,
-      fingerprint: bytes(options.fingerprint ?? Buffer.alloc(0), "fingerprint"),
-      leaseTtl: toDuration(options.leaseTtlMs, "leaseTtlMs"),
-      retention: toDuration(options.retentionMs, "retentionMs"),
-    }, options);
+    const response = await this.call("Claim", claimRequest({ ...options, namespace, key }), options);
     return claimResult(response as never);
   }
 
@@ -140,14 +145,8 @@ export class IdempotencyClient {
     response: Uint8Array | string = Buffer.alloc(0),
     options: CompleteOptions = {},
   ): Promise<CompleteResult> {
-    const body = typeof response === "string" ? Buffer.from(response, "utf8") : bytes(response, "response");
-    const reply = await this.call<unknown, { expiresAt: never }>("Complete", {
-      namespace,
-      key,
-      leaseToken,
-      response: body,
-      retention: toDuration(options.retentionMs, "retentionMs"),
-    }, options);
+    const request = completeRequest({ namespace, key, leaseToken, response, retentionMs: options.retentionMs });
+    const reply = await this.call<unknown, { expiresAt: never }>("Complete", request, options);
     return { expiresAt: toDate(reply.expiresAt)! };
   }
 
@@ -178,6 +177,42 @@ export class IdempotencyClient {
   }
 
   /**
+   * Claim many keys in one call: one ClaimResult per item, in order, each what
+   * its own claim() would have resolved to. The same key twice is one lease:
+   * the first item is CLAIMED, the second IN_PROGRESS. An invalid item rejects
+   * the whole call with InvalidArgument naming it ("items[3].key: ..."), as
+   * does an empty list or one longer than the server's limit (500 unless configured).
+   */
+  async claimBatch(items: readonly ClaimItem[], options: CallOptions = {}): Promise<ClaimResult[]> {
+    const request = { items: items.map((item, index) => atItem(index, () => claimRequest(item))) };
+    const reply = await this.call<unknown, { items: never[] }>("ClaimBatch", request, options);
+    return reply.items.map((item) => claimResult(item));
+  }
+
+  /**
+   * Complete many keys in one call: one result per item, in order, either
+   * `{ ok: true, expiresAt }` or `{ ok: false, error }` with the error its own
+   * complete() would have rejected with (KeyNotFound, LeaseNotCurrent). A failed
+   * item does not reject the call; an invalid item rejects it with InvalidArgument naming it.
+   */
+  async completeBatch(items: readonly CompleteItem[], options: CallOptions = {}): Promise<CompleteItemResult[]> {
+    const request = { items: items.map((item, index) => atItem(index, () => completeRequest(item))) };
+    const reply = await this.call<unknown, { items: never[] }>("CompleteBatch", request, options);
+    return reply.items.map((item, index) => completeItemResult(item, index));
+  }
+
+  /**
+   * An operator's action: make a key claimable again at once (its record
+   * expires now; a live lease is revoked, so its holder's complete() rejects
+   * with KeyNotFound). `reason` goes to the server's log.
+   */
+  async purge(namespace: string, key: string, options: PurgeOptions = {}): Promise<PurgeResult> {
+    const reason = options.reason ?? "";
+    if (typeof reason !== "string") throw new TypeError(`reason must be a string, got ${typeof reason}`);
+    return purgeResult(await this.call("Purge", { namespace, key, reason }, options));
+  }
+
+  /**
    * Run `work` once per key and return its result, or the stored result of the
    * run that did it (the replay); see once.ts for the lifecycle.
    *
@@ -201,6 +236,37 @@ export class IdempotencyClient {
     options: OnceOptions<T> = {},
   ): Promise<OnceResult<T>> {
     return runOnce(this, namespace, key, work, options);
+  }
+}
+
+function claimRequest(item: ClaimItem) {
+  return {
+    namespace: item.namespace,
+    key: item.key,
+    fingerprint: bytes(item.fingerprint ?? Buffer.alloc(0), "fingerprint"),
+    leaseTtl: toDuration(item.leaseTtlMs, "leaseTtlMs"),
+    retention: toDuration(item.retentionMs, "retentionMs"),
+  };
+}
+
+function completeRequest(item: CompleteItem) {
+  const response = item.response ?? Buffer.alloc(0);
+  return {
+    namespace: item.namespace,
+    key: item.key,
+    leaseToken: item.leaseToken,
+    response: typeof response === "string" ? Buffer.from(response, "utf8") : bytes(response, "response"),
+    retention: toDuration(item.retentionMs, "retentionMs"),
+  };
+}
+
+/** Build one item of a batch request; a TypeError names the item ("items[2].fingerprint ..."). */
+function atItem<T>(index: number, build: () => T): T {
+  try {
+    return build();
+  } catch (error) {
+    if (error instanceof TypeError) throw new TypeError(`items[${index}].${error.message}`);
+    throw error;
   }
 }
 

@@ -55,6 +55,16 @@ const BY_CODE = new Map<status, new (message: string, options?: { code?: status;
   [status.DEADLINE_EXCEEDED, Unavailable],
 ]);
 
+/**
+ * The typed error for one item of a batch that answers each item with its own
+ * status (CompleteBatch): the class the single call would have thrown.
+ */
+export function fromItemStatus(code: number, message: string, method: string, index: number): IdempotencyError {
+  const Class = BY_CODE.get(code) ?? IdempotencyError;
+  const name = status[code] ?? `status ${code}`;
+  return new Class(`${method}: items[${index}]: ${name}: ${message || name}`, { code });
+}
+
 /** The typed error for a failed call. */
 export function fromServiceError(error: ServiceError, method: string): IdempotencyError {
   const Class = BY_CODE.get(error.code) ?? IdempotencyError;

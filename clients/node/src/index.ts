@@ -1,6 +1,7 @@
 // TypeScript client of idempotency-service.
 //
-//   client.ts   IdempotencyClient: claim, complete, release, extendLease, get, and once()
+//   client.ts   IdempotencyClient: claim, complete, release, extendLease, get, purge,
+//               claimBatch, completeBatch, and once()
 //   once.ts     the run-once lifecycle (Claim, work, Complete or Release, replay, heartbeat)
 //   keys.ts     deriveKey() and fingerprint(): canonical forms in clients/KEYS.md
 //   types.ts    Outcome, State and the typed results of the RPCs
@@ -8,7 +9,15 @@
 //   testing.ts  start a real server for tests
 //   generated/  types generated from proto/ by scripts/generate.mjs (not committed)
 export { IdempotencyClient, DEFAULT_TIMEOUT_MS } from "./client";
-export type { ClientOptions, CallOptions, ClaimOptions, CompleteOptions, ExtendLeaseOptions, Logger } from "./client";
+export type {
+  ClientOptions,
+  CallOptions,
+  ClaimOptions,
+  CompleteOptions,
+  ExtendLeaseOptions,
+  PurgeOptions,
+  Logger,
+} from "./client";
 export { JSON_SERIALIZER, BYTES_SERIALIZER } from "./once";
 export type { Lease, OnceOptions, OnceResult, Serializer } from "./once";
 export { deriveKey, keyEncoding, fingerprint, canonicalJson } from "./keys";
@@ -23,6 +32,10 @@ export type {
   CompleteResult,
   ExtendLeaseResult,
   KeyRecord,
+  ClaimItem,
+  CompleteItem,
+  CompleteItemResult,
+  PurgeResult,
 } from "./types";
 export {
   IdempotencyError,

@@ -1,10 +1,12 @@
-// Typed results of the five RPCs, and their conversion from the wire.
+// Typed results of the RPCs, the items of the batch calls, and their conversion from the wire.
 import type { ClaimResponse__Output } from "./generated/idempotency/v1/ClaimResponse";
+import type { CompleteResult__Output } from "./generated/idempotency/v1/CompleteResult";
+import type { PurgeResponse__Output } from "./generated/idempotency/v1/PurgeResponse";
 import type { GetResponse__Output } from "./generated/idempotency/v1/GetResponse";
 import type { Duration } from "./generated/google/protobuf/Duration";
 import type { Timestamp__Output } from "./generated/google/protobuf/Timestamp";
 import type { Duration__Output } from "./generated/google/protobuf/Duration";
-import { IdempotencyError } from "./errors";
+import { IdempotencyError, fromItemStatus } from "./errors";
 
 /** What a Claim found (proto enum idempotency.v1.Outcome, without its prefix). */
 export const Outcome = {
@@ -70,6 +72,38 @@ export type ClaimResult = Claimed | InProgressClaim | CompletedClaim | Fingerpri
 export interface CompleteResult {
   /** Until then every Claim of the key replays the stored response. */
   expiresAt: Date;
+}
+
+/** One Claim of a claimBatch(): the arguments claim() takes. */
+export interface ClaimItem {
+  namespace: string;
+  key: string;
+  fingerprint?: Uint8Array;
+  leaseTtlMs?: number;
+  retentionMs?: number;
+}
+
+/** One Complete of a completeBatch(): the arguments complete() takes. */
+export interface CompleteItem {
+  namespace: string;
+  key: string;
+  leaseToken: string;
+  response?: Uint8Array | string;
+  retentionMs?: number;
+}
+
+/**
+ * One item's answer in completeBatch(): what its own complete() would have
+ * resolved to (`ok: true`, expiresAt) or rejected with (`ok: false`, error:
+ * KeyNotFound, LeaseNotCurrent, ...).
+ */
+export type CompleteItemResult = { ok: true; expiresAt: Date } | { ok: false; error: IdempotencyError };
+
+export interface PurgeResult {
+  /** True when an unexpired record was purged; false when there was none. */
+  purged: boolean;
+  /** The state the purged record had; ABSENT when there was none. */
+  previousState: State;
 }
 
 export interface ExtendLeaseResult {
@@ -141,6 +175,19 @@ export function claimResult(message: ClaimResponse__Output): ClaimResult {
     default:
       throw new IdempotencyError(`Claim: unexpected outcome ${message.outcome}`);
   }
+}
+
+export function completeItemResult(message: CompleteResult__Output, index: number): CompleteItemResult {
+  if (message.code === 0) {
+    return { ok: true, expiresAt: required(toDate(message.expiresAt), `items[${index}].expires_at`) };
+  }
+  return { ok: false, error: fromItemStatus(message.code, message.message, "CompleteBatch", index) };
+}
+
+export function purgeResult(message: PurgeResponse__Output): PurgeResult {
+  const previousState = message.previousState.replace(/^STATE_/, "") as State | "UNSPECIFIED";
+  if (previousState === "UNSPECIFIED") throw new IdempotencyError("Purge: unexpected state STATE_UNSPECIFIED");
+  return { purged: message.purged, previousState };
 }
 
 export function keyRecord(message: GetResponse__Output): KeyRecord {

@@ -1,7 +1,8 @@
 """Python client of idempotency-service.
 
 Modules:
-  client       IdempotencyClient: Claim, Complete, Release, ExtendLease, Get, and once()
+  client       IdempotencyClient: Claim, Complete, Release, ExtendLease, Get, Purge,
+               ClaimBatch, CompleteBatch, and once()
   aio          AsyncIdempotencyClient: the same over grpc.aio
   once         the run-once lifecycle (Claim, work, Complete or Release, replay, heartbeat)
   keys         derive_key() and fingerprint(): canonical forms in clients/KEYS.md
@@ -27,10 +28,14 @@ from .keys import canonical_json, derive_key, fingerprint, key_encoding
 from .once import Once, Run
 from .serializers import BYTES, JSON, BytesSerializer, JsonSerializer, Serializer
 from .types import (
+    ClaimItem,
     ClaimResult,
+    CompleteItem,
+    CompleteItemResult,
     CompleteResult,
     ExtendLeaseResult,
     Outcome,
+    PurgeResult,
     Record,
     State,
 )
@@ -41,7 +46,10 @@ __all__ = [
     "AsyncRun",
     "BYTES",
     "BytesSerializer",
+    "ClaimItem",
     "ClaimResult",
+    "CompleteItem",
+    "CompleteItemResult",
     "CompleteResult",
     "ExtendLeaseResult",
     "FingerprintMismatch",
@@ -56,6 +64,7 @@ __all__ = [
     "LeaseNotCurrent",
     "Once",
     "Outcome",
+    "PurgeResult",
     "Record",
     "Run",
     "Serializer",

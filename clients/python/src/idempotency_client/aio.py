@@ -16,7 +16,7 @@ import contextlib
 import functools
 import inspect
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Union
 
 import grpc
 import grpc.aio
@@ -27,9 +27,12 @@ from ._proto import idempotency_pb2_grpc as pb_grpc
 from .client import (
     DEFAULT_TIMEOUT,
     ChannelOptions,
+    claim_batch_request,
     claim_request,
+    complete_batch_request,
     complete_request,
     extend_lease_request,
+    purge_request,
 )
 from .errors import IdempotencyError, LeaseLost, from_rpc_error
 from .once import (
@@ -47,11 +50,15 @@ from .once import (
 )
 from .serializers import JSON, Serializer
 from .types import (
+    ClaimItem,
     ClaimResult,
+    CompleteItem,
+    CompleteItemResult,
     CompleteResult,
     DurationLike,
     ExtendLeaseResult,
     Outcome,
+    PurgeResult,
     Record,
     seconds_of,
 )
@@ -146,6 +153,35 @@ class AsyncIdempotencyClient:
     async def get(self, namespace: str, key: str, *, timeout: Optional[float] = None) -> Record:
         request = pb.GetRequest(namespace=namespace, key=key)
         return types.record(await self._call("Get", self._stub.Get, request, timeout))
+
+    async def claim_batch(
+        self,
+        items: Iterable[Union[ClaimItem, Mapping[str, Any]]],
+        *,
+        timeout: Optional[float] = None,
+    ) -> List[ClaimResult]:
+        """As IdempotencyClient.claim_batch(): one ClaimResult per item, in order."""
+        request = claim_batch_request(items)
+        reply = await self._call("ClaimBatch", self._stub.ClaimBatch, request, timeout)
+        return [types.claim_result(item) for item in reply.items]
+
+    async def complete_batch(
+        self,
+        items: Iterable[Union[CompleteItem, Mapping[str, Any]]],
+        *,
+        timeout: Optional[float] = None,
+    ) -> List[CompleteItemResult]:
+        """As IdempotencyClient.complete_batch(): per-item results; a failed item does not raise."""
+        request = complete_batch_request(items)
+        reply = await self._call("CompleteBatch", self._stub.CompleteBatch, request, timeout)
+        return types.complete_item_results(reply)
+
+    async def purge(
+        self, namespace: str, key: str, *, reason: str = "", timeout: Optional[float] = None
+    ) -> PurgeResult:
+        """As IdempotencyClient.purge(): make a key claimable again at once."""
+        request = purge_request(namespace, key, reason)
+        return types.purge_result(await self._call("Purge", self._stub.Purge, request, timeout))
 
     def once(
         self,

@@ -1,10 +1,10 @@
-"""IdempotencyClient: the five RPCs over a synchronous gRPC channel, with typed
+"""IdempotencyClient: the RPCs over a synchronous gRPC channel, with typed
 results and typed errors, and once() built on them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -15,10 +15,14 @@ from .errors import from_rpc_error
 from .once import FingerprintLike, KeyLike, Once, Settings
 from .serializers import JSON, Serializer
 from .types import (
+    ClaimItem,
     ClaimResult,
+    CompleteItem,
+    CompleteItemResult,
     CompleteResult,
     DurationLike,
     ExtendLeaseResult,
+    PurgeResult,
     Record,
 )
 
@@ -66,6 +70,51 @@ def extend_lease_request(namespace, key, lease_token, lease_ttl) -> pb.ExtendLea
         lease_token=lease_token,
         lease_ttl=types.to_duration(lease_ttl, "lease_ttl"),
     )
+
+
+def _item(item: Any, cls: type, index: int):
+    if isinstance(item, cls):
+        return item
+    if isinstance(item, Mapping):
+        try:
+            return cls(**item)
+        except TypeError as error:
+            raise TypeError(f"items[{index}]: {error}") from None
+    raise TypeError(f"items[{index}]: expected a {cls.__name__} or a mapping, got {type(item).__name__}")
+
+
+def claim_batch_request(items: Iterable[Union[ClaimItem, Mapping[str, Any]]]) -> pb.ClaimBatchRequest:
+    request = pb.ClaimBatchRequest()
+    for index, item in enumerate(items):
+        item = _item(item, ClaimItem, index)
+        try:
+            request.items.append(
+                claim_request(item.namespace, item.key, item.fingerprint, item.lease_ttl, item.retention)
+            )
+        except TypeError as error:
+            raise TypeError(f"items[{index}].{error}") from None
+    return request
+
+
+def complete_batch_request(
+    items: Iterable[Union[CompleteItem, Mapping[str, Any]]],
+) -> pb.CompleteBatchRequest:
+    request = pb.CompleteBatchRequest()
+    for index, item in enumerate(items):
+        item = _item(item, CompleteItem, index)
+        try:
+            request.items.append(
+                complete_request(item.namespace, item.key, item.lease_token, item.response, item.retention)
+            )
+        except TypeError as error:
+            raise TypeError(f"items[{index}].{error}") from None
+    return request
+
+
+def purge_request(namespace, key, reason) -> pb.PurgeRequest:
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+    return pb.PurgeRequest(namespace=namespace, key=key, reason=reason)
 
 
 class IdempotencyClient:
@@ -168,6 +217,47 @@ class IdempotencyClient:
         """Inspect a key's record without changing it."""
         request = pb.GetRequest(namespace=namespace, key=key)
         return types.record(self._call("Get", self._stub.Get, request, timeout))
+
+    def claim_batch(
+        self,
+        items: Iterable[Union[ClaimItem, Mapping[str, Any]]],
+        *,
+        timeout: Optional[float] = None,
+    ) -> List[ClaimResult]:
+        """Claim many keys in one call (ClaimItem, or mappings of claim()'s
+        arguments): one ClaimResult per item, in order, each what its own
+        claim() would have returned. The same key twice is one lease: the first
+        item is CLAIMED, the second IN_PROGRESS. An invalid item fails the whole
+        call with InvalidArgument naming it ("items[3].key: ..."), as does an
+        empty list or one longer than the server's limit (500 unless configured).
+        """
+        request = claim_batch_request(items)
+        reply = self._call("ClaimBatch", self._stub.ClaimBatch, request, timeout)
+        return [types.claim_result(item) for item in reply.items]
+
+    def complete_batch(
+        self,
+        items: Iterable[Union[CompleteItem, Mapping[str, Any]]],
+        *,
+        timeout: Optional[float] = None,
+    ) -> List[CompleteItemResult]:
+        """Complete many keys in one call (CompleteItem, or mappings of
+        complete()'s arguments): one CompleteItemResult per item, in order,
+        with expires_at or the error its own complete() would have raised
+        (KeyNotFound, LeaseNotCurrent). A failed item does not raise; an
+        invalid item fails the whole call with InvalidArgument naming it."""
+        request = complete_batch_request(items)
+        reply = self._call("CompleteBatch", self._stub.CompleteBatch, request, timeout)
+        return types.complete_item_results(reply)
+
+    def purge(
+        self, namespace: str, key: str, *, reason: str = "", timeout: Optional[float] = None
+    ) -> PurgeResult:
+        """An operator's action: make a key claimable again at once (its record
+        expires now; a live lease is revoked, so its holder's Complete raises
+        KeyNotFound). `reason` (at most 256 bytes) goes to the server's log."""
+        request = purge_request(namespace, key, reason)
+        return types.purge_result(self._call("Purge", self._stub.Purge, request, timeout))
 
     def once(
         self,

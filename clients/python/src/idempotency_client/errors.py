@@ -88,6 +88,18 @@ _BY_CODE = {
 }
 
 
+_STATUS_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
+
+
+def from_item_status(number: int, message: str, method: str, index: int) -> IdempotencyError:
+    """The typed error for one item of a batch that answers each item with its
+    own status (CompleteBatch): the class the single call would have raised."""
+    code = _STATUS_BY_NUMBER.get(number)
+    name = code.name if code is not None else f"status {number}"
+    cls = _BY_CODE.get(code, IdempotencyError)
+    return cls(f"{method}: items[{index}]: {name}: {message or name}", code=code)
+
+
 def from_rpc_error(error: grpc.RpcError, method: str) -> IdempotencyError:
     """The typed error for a failed call (grpc.RpcError and grpc.aio.AioRpcError)."""
     code = error.code()

@@ -1,4 +1,5 @@
-"""Typed results of the five RPCs, and their conversion from the wire.
+"""Typed results of the RPCs, the items of the batch calls, and their
+conversion from the wire.
 
 Fields that the server sets only for some outcomes are None for the others, so
 `result.response is None` means "no replay", never "an empty replay".
@@ -9,11 +10,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 from google.protobuf import duration_pb2
 
 from ._proto import idempotency_pb2 as pb
+from .errors import IdempotencyError, from_item_status
 
 #: A duration as the client accepts it: a timedelta or a number of seconds.
 DurationLike = Union[timedelta, int, float]
@@ -78,6 +80,56 @@ class ExtendLeaseResult:
 
 
 @dataclass(frozen=True)
+class ClaimItem:
+    """One Claim of a claim_batch(): the arguments claim() takes."""
+
+    namespace: str
+    key: str
+    fingerprint: bytes = b""
+    lease_ttl: Optional[DurationLike] = None
+    retention: Optional[DurationLike] = None
+
+
+@dataclass(frozen=True)
+class CompleteItem:
+    """One Complete of a complete_batch(): the arguments complete() takes."""
+
+    namespace: str
+    key: str
+    lease_token: str
+    response: bytes = b""
+    retention: Optional[DurationLike] = None
+
+
+@dataclass(frozen=True)
+class CompleteItemResult:
+    """One item's answer in complete_batch(): what its own complete() would have
+    returned (expires_at) or raised (error: KeyNotFound, LeaseNotCurrent, ...).
+    Exactly one of the two is set."""
+
+    expires_at: Optional[datetime]
+    error: Optional[IdempotencyError]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def result(self) -> CompleteResult:
+        """The item's CompleteResult, or raise its error as complete() would have."""
+        if self.error is not None:
+            raise self.error
+        return CompleteResult(expires_at=self.expires_at)
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    #: True when an unexpired record was purged; False when there was none.
+    purged: bool
+    #: The state the purged record had; State.ABSENT when there was none.
+    previous_state: State
+
+
+@dataclass(frozen=True)
 class Record:
     """A key's record as Get reports it; ABSENT leaves every other field None."""
 
@@ -139,6 +191,22 @@ def claim_result(message: pb.ClaimResponse) -> ClaimResult:
 
 def complete_result(message: pb.CompleteResponse) -> CompleteResult:
     return CompleteResult(expires_at=message.expires_at.ToDatetime(tzinfo=timezone.utc))
+
+
+def complete_item_results(message: pb.CompleteBatchResponse) -> List[CompleteItemResult]:
+    return [
+        CompleteItemResult(expires_at=_time(item, "expires_at"), error=None)
+        if item.code == 0
+        else CompleteItemResult(
+            expires_at=None,
+            error=from_item_status(item.code, item.message, "CompleteBatch", index),
+        )
+        for index, item in enumerate(message.items)
+    ]
+
+
+def purge_result(message: pb.PurgeResponse) -> PurgeResult:
+    return PurgeResult(purged=message.purged, previous_state=State(message.previous_state))
 
 
 def extend_lease_result(message: pb.ExtendLeaseResponse) -> ExtendLeaseResult:
