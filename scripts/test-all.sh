@@ -5,7 +5,8 @@
 #      SQLite, outages, crashes, the binary) with cargo-nextest;
 #   3. the client suites (Python, TypeScript, Go, cross-language), each against
 #      the real server binary;
-#   4. the deployment checks (Helm chart, proto lint and breaking changes).
+#   4. the benchmark scripts' smoke run (pgbench and idempotency-bench, briefly);
+#   5. the deployment checks (Helm chart, proto lint and breaking changes).
 #
 # Needs PostgreSQL on 127.0.0.1:5432 with trust auth for user postgres
 # (TEST_POSTGRES_URL overrides). Each step installs what it lacks (pip and npm
@@ -38,6 +39,9 @@ step "Cross-language (Python <-> Node)"
 bash clients/cross-language-test.sh
 step "Go example"
 bash clients/go/run-tests.sh
+
+step "Benchmark scripts (smoke: pgbench and the load generator, 1 s per point)"
+BENCH_SKIP_BUILD=1 BENCH_PG_URL="${TEST_POSTGRES_URL%/*}" bash bench/compare.sh --smoke
 
 step "Proto: buf lint and buf breaking"
 bash scripts/check-proto.sh
