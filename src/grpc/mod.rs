@@ -75,7 +75,7 @@ impl<S: Store> IdempotencyApi<S> {
     }
 
     fn start<T>(&self, method: &'static str, request: &Request<T>) -> (CallLog, tracing::Span) {
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             "rpc",
             otel.name = method,
             otel.kind = "server",

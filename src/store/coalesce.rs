@@ -153,7 +153,7 @@ impl<S: Store> Coalesced<S> {
 /// The caller's side of a coalesced statement, so a call's trace shows the
 /// wait for its batch.
 fn queued(operation: &'static str) -> tracing::Span {
-    tracing::info_span!(
+    tracing::debug_span!(
         "db",
         otel.name = operation,
         otel.kind = "client",

@@ -347,7 +347,7 @@ impl Budget {
     ) -> Result<T, Error> {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         let _in_flight = InFlight(&self.in_flight);
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             "db",
             otel.name = operation,
             otel.kind = "client",
