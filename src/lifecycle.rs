@@ -56,14 +56,6 @@ impl<S: Store> Lifecycle<S> {
         Self { store, limits }
     }
 
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
-    pub fn store(&self) -> &S {
-        &self.store
-    }
-
     /// Claim: read the key, answer from the read when it is decided (replay,
     /// in progress, mismatch), else try the guarded claim. A lost race is read
     /// again, so the loser learns who won.
