@@ -13,6 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("idempotency_descriptor.bin"))
+        // Requests that are not valid protobuf are INVALID_ARGUMENT, not INTERNAL.
+        .codec_path("crate::grpc::codec::Codec")
         .compile_protos(&["proto/idempotency/v1/idempotency.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())

@@ -1,11 +1,13 @@
 //! The operator's command line, in the same binary: `get`, `purge` and
 //! `stats`, talking to the database named by the configuration (the same
-//! DATABASE_URL as the servers). Purge is also the `Purge` RPC, for tooling
-//! that talks to a running server instead.
+//! DATABASE_URL as the servers), and `token`, which makes bearer tokens for
+//! the access policy. Purge is also the `Purge` RPC, for tooling that talks to
+//! a running server instead.
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
+use crate::access;
 use crate::domain::{Key, Namespace, Record, RecordState};
 use crate::lifecycle::Lifecycle;
 use crate::store::{Store, StoreStats};
@@ -26,6 +28,23 @@ fn when(t: SystemTime) -> String {
 /// Seconds only: operators read ages, not microseconds.
 fn age(d: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(Duration::from_secs(d.as_secs()))
+}
+
+/// `token`: a new token and the policy line holding its hash. `token --hash`:
+/// the hash of the token on stdin (its first line).
+pub fn token(hash_stdin: bool) -> anyhow::Result<String> {
+    if hash_stdin {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        let token = line.trim_end_matches(['\r', '\n']);
+        anyhow::ensure!(!token.is_empty(), "no token on stdin");
+        return Ok(format!("{}\n", access::hash_token(token)));
+    }
+    let token = access::new_token();
+    Ok(format!(
+        "token:  {token}\npolicy: token_hashes = [\"{}\"]\n",
+        access::hash_token(&token)
+    ))
 }
 
 /// `get NAMESPACE KEY`: the record as `key: value` lines.

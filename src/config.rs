@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::domain::Limits;
 use crate::store::StoreOptions;
+use crate::tls::{ClientAuth, TlsFiles};
 
 /// A shared deduplication store over gRPC: claim an event's key, complete it
 /// once, replay the result to every redelivery.
@@ -47,6 +48,13 @@ pub enum Command {
     },
     /// Records by state and namespace, the oldest record, and the reaper's lag.
     Stats,
+    /// Make a new bearer token and print it with the line for the policy file
+    /// (which holds only the token's hash).
+    Token {
+        /// Read a token from stdin and print only its hash.
+        #[arg(long)]
+        hash: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -65,6 +73,11 @@ pub struct Config {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
     pub database_url: Option<String>,
 
+    /// A file that holds the store's URL (a Kubernetes Secret mounted as a
+    /// file), instead of DATABASE_URL.
+    #[arg(long, env = "DATABASE_URL_FILE", global = true)]
+    pub database_url_file: Option<PathBuf>,
+
     /// The folder of the embedded SQLite store (created when missing); used
     /// when DATABASE_URL is unset.
     #[arg(
@@ -78,6 +91,58 @@ pub struct Config {
     /// The gRPC address to listen on.
     #[arg(long, env = "IDEMPOTENCY_LISTEN_ADDR", default_value = "0.0.0.0:50051")]
     pub listen_addr: SocketAddr,
+
+    /// The server's TLS certificate chain (PEM). With --tls-key-file, the gRPC
+    /// port speaks only TLS. Re-read when it changes.
+    #[arg(long, env = "IDEMPOTENCY_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// The private key of the TLS certificate (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "IDEMPOTENCY_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// CA certificates (PEM) that client certificates must chain to: turns on
+    /// mutual TLS. A client certificate's subject CN is an identity of the
+    /// policy.
+    #[arg(long, env = "IDEMPOTENCY_TLS_CLIENT_CA_FILE")]
+    pub tls_client_ca_file: Option<PathBuf>,
+
+    /// With a client CA: whether every connection must present a client
+    /// certificate, or only may (callers without one use a bearer token).
+    #[arg(long, env = "IDEMPOTENCY_TLS_CLIENT_AUTH", value_enum, default_value_t = ClientAuth::Required)]
+    pub tls_client_auth: ClientAuth,
+
+    /// The access policy (TOML): identities, their credentials, namespaces
+    /// and RPCs. Unset: every caller may do everything (logged as a warning).
+    /// Re-read when it changes.
+    #[arg(long, env = "IDEMPOTENCY_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+
+    /// How often the TLS and policy files are checked for changes.
+    #[arg(long, env = "IDEMPOTENCY_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub reload_interval: Duration,
+
+    /// An extra plaintext address serving only grpc.health.v1, without
+    /// credentials, for probes that cannot speak TLS (kubelet). Empty: off.
+    #[arg(long, env = "IDEMPOTENCY_HEALTH_LISTEN_ADDR", default_value = "")]
+    pub health_listen_addr: String,
+
+    /// The most calls in flight; more get RESOURCE_EXHAUSTED at once.
+    #[arg(long, env = "IDEMPOTENCY_MAX_CONCURRENT_CALLS", default_value_t = 1024)]
+    pub max_concurrent_calls: usize,
+
+    /// The most concurrent calls (HTTP/2 streams) on one connection.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_MAX_STREAMS_PER_CONNECTION",
+        default_value_t = 128
+    )]
+    pub max_streams_per_connection: u32,
+
+    /// The longest any call may take, receiving its request included; a
+    /// caller's deadline (grpc-timeout) shortens it. Then DEADLINE_EXCEEDED.
+    #[arg(long, env = "IDEMPOTENCY_CALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub call_timeout: Duration,
 
     /// The lease length when a Claim or ExtendLease does not name one.
     #[arg(long, env = "IDEMPOTENCY_DEFAULT_LEASE_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -187,7 +252,6 @@ impl Config {
         }
     }
 
-    /// The metrics address; `None` when metrics are off.
     pub fn coalesce_options(&self) -> crate::store::coalesce::CoalesceOptions {
         crate::store::coalesce::CoalesceOptions {
             max_batch: self.coalesce_max_batch,
@@ -196,6 +260,7 @@ impl Config {
         }
     }
 
+    /// The metrics address; `None` when metrics are off.
     pub fn metrics_addr(&self) -> anyhow::Result<Option<SocketAddr>> {
         let addr = self.metrics_addr.trim();
         if addr.is_empty() {
@@ -206,13 +271,68 @@ impl Config {
             .map_err(|_| anyhow::anyhow!("IDEMPOTENCY_METRICS_ADDR must be host:port or empty"))
     }
 
-    pub fn store_options(&self) -> StoreOptions {
-        StoreOptions {
-            database_url: self.database_url.clone(),
+    pub fn store_options(&self) -> anyhow::Result<StoreOptions> {
+        Ok(StoreOptions {
+            database_url: self.database_url()?,
             data_dir: self.data_dir.clone(),
             pool_size: self.db_pool_size,
             timeout: self.db_timeout,
+        })
+    }
+
+    /// The store's URL, from DATABASE_URL or the file DATABASE_URL_FILE names.
+    /// Errors never show the URL.
+    fn database_url(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.database_url_file else {
+            return Ok(self.database_url.clone());
+        };
+        anyhow::ensure!(
+            self.database_url.is_none(),
+            "set DATABASE_URL or DATABASE_URL_FILE, not both"
+        );
+        let url = std::fs::read_to_string(path).map_err(|e| {
+            anyhow::anyhow!("DATABASE_URL_FILE: cannot read {}: {e}", path.display())
+        })?;
+        let url = url.trim();
+        anyhow::ensure!(
+            !url.is_empty(),
+            "DATABASE_URL_FILE: {} is empty",
+            path.display()
+        );
+        Ok(Some(url.to_owned()))
+    }
+
+    /// The TLS files, when TLS is on.
+    pub fn tls_files(&self) -> anyhow::Result<Option<TlsFiles>> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (None, None) => {
+                anyhow::ensure!(
+                    self.tls_client_ca_file.is_none(),
+                    "IDEMPOTENCY_TLS_CLIENT_CA_FILE needs IDEMPOTENCY_TLS_CERT_FILE and IDEMPOTENCY_TLS_KEY_FILE"
+                );
+                Ok(None)
+            }
+            (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca_file.clone(),
+                client_auth: self.tls_client_auth,
+            })),
+            _ => anyhow::bail!(
+                "IDEMPOTENCY_TLS_CERT_FILE and IDEMPOTENCY_TLS_KEY_FILE go together: set both or neither"
+            ),
         }
+    }
+
+    /// The plaintext health-only address; `None` when off.
+    pub fn health_listen_addr(&self) -> anyhow::Result<Option<SocketAddr>> {
+        let addr = self.health_listen_addr.trim();
+        if addr.is_empty() {
+            return Ok(None);
+        }
+        addr.parse().map(Some).map_err(|_| {
+            anyhow::anyhow!("IDEMPOTENCY_HEALTH_LISTEN_ADDR must be host:port or empty")
+        })
     }
 
     /// Rejects settings that cannot work together, naming the variable.
@@ -255,8 +375,26 @@ impl Config {
                 !self.health_check_interval.is_zero(),
                 "IDEMPOTENCY_HEALTH_CHECK_INTERVAL must be positive",
             ),
+            (
+                !self.reload_interval.is_zero(),
+                "IDEMPOTENCY_RELOAD_INTERVAL must be positive",
+            ),
+            (
+                self.max_concurrent_calls > 0,
+                "IDEMPOTENCY_MAX_CONCURRENT_CALLS must be positive",
+            ),
+            (
+                self.max_streams_per_connection > 0,
+                "IDEMPOTENCY_MAX_STREAMS_PER_CONNECTION must be positive",
+            ),
+            (
+                !self.call_timeout.is_zero(),
+                "IDEMPOTENCY_CALL_TIMEOUT must be positive",
+            ),
         ];
         self.metrics_addr()?;
+        self.health_listen_addr()?;
+        self.tls_files()?;
         anyhow::ensure!(
             self.metrics_namespaces.len() <= 100,
             "IDEMPOTENCY_METRICS_NAMESPACES lists more than 100 namespaces"
@@ -292,5 +430,29 @@ mod tests {
         config.default_lease_ttl = Duration::from_secs(7200);
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("IDEMPOTENCY_DEFAULT_LEASE_TTL"), "{error}");
+    }
+
+    #[test]
+    fn the_database_url_comes_from_its_file_without_the_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("url");
+        std::fs::write(&path, "postgres://u:secret@db/x\n").unwrap();
+        let mut config = Config::defaults();
+        config.database_url_file = Some(path);
+        assert_eq!(
+            config.store_options().unwrap().database_url.as_deref(),
+            Some("postgres://u:secret@db/x")
+        );
+        config.database_url = Some("postgres://u:secret@db/y".into());
+        let error = config.store_options().unwrap_err().to_string();
+        assert_eq!(error, "set DATABASE_URL or DATABASE_URL_FILE, not both");
+    }
+
+    #[test]
+    fn a_tls_certificate_needs_its_key() {
+        let mut config = Config::defaults();
+        config.tls_cert_file = Some("cert.pem".into());
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("IDEMPOTENCY_TLS_KEY_FILE"), "{error}");
     }
 }

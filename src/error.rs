@@ -29,6 +29,22 @@ pub enum Error {
     /// `ABORTED`: the key kept changing under a Claim; retrying is safe.
     #[error("the key changed repeatedly during the call; retry")]
     Contended,
+    /// `UNAUTHENTICATED`: no credentials, or credentials the policy does not
+    /// know.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// `PERMISSION_DENIED`: the caller's identity is not granted the RPC or the
+    /// namespace. Nothing was changed.
+    #[error("{0}")]
+    PermissionDenied(Cow<'static, str>),
+    /// `RESOURCE_EXHAUSTED`: the caller's rate limit, or the server's limit of
+    /// calls in flight, is reached; retry with backoff.
+    #[error("{0}")]
+    ResourceExhausted(&'static str),
+    /// `DEADLINE_EXCEEDED`: the call's deadline (the caller's `grpc-timeout`
+    /// or the server's call timeout) passed; no further work was done for it.
+    #[error("the call's deadline passed")]
+    DeadlineExceeded,
     /// `INTERNAL`: a bug or an unexpected store error. Logged with its cause,
     /// shown to the caller without it.
     #[error("internal error")]
@@ -50,6 +66,9 @@ impl Error {
                 field: Cow::Owned(format!("items[{index}].{field}")),
                 reason,
             },
+            Self::PermissionDenied(reason) => {
+                Self::PermissionDenied(Cow::Owned(format!("items[{index}].{reason}")))
+            }
             other => other,
         }
     }
@@ -65,6 +84,10 @@ impl Error {
             Self::NotFound => Self::NotFound,
             Self::LeaseMismatch(reason) => Self::LeaseMismatch(reason),
             Self::Contended => Self::Contended,
+            Self::Unauthenticated(reason) => Self::Unauthenticated(reason),
+            Self::PermissionDenied(reason) => Self::PermissionDenied(reason.clone()),
+            Self::ResourceExhausted(reason) => Self::ResourceExhausted(reason),
+            Self::DeadlineExceeded => Self::DeadlineExceeded,
             Self::Unavailable(cause) => Self::Unavailable(cause.to_string().into()),
             Self::Internal(cause) => Self::Internal(cause.to_string().into()),
         }

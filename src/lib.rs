@@ -5,9 +5,14 @@
 //! The map of the crate, from the wire inwards:
 //! - [`server`]: wiring; opens the store, serves gRPC, health and reflection,
 //!   runs the background tasks, drains on shutdown.
+//! - [`tls`]: the port's connections, plain or TLS (mutual TLS with a client
+//!   CA), with certificates re-read when they change ([`reload`]).
 //! - [`grpc`]: the tonic adapter; parses requests into domain types at the
-//!   edge, calls the lifecycle, converts outcomes back. `grpc::status` is the
-//!   one place errors become gRPC codes.
+//!   edge, calls the lifecycle, converts outcomes back. `grpc::guard` admits
+//!   each call (deadline, limits, credentials, RPC grant) before its body is
+//!   read; `grpc::status` is the one place errors become gRPC codes.
+//! - [`access`]: the access policy: identities, their token hashes and
+//!   certificate names, namespaces, RPCs and rate limits.
 //! - [`lifecycle`]: the rules of Claim, Complete, Release, ExtendLease and Get,
 //!   built from the store's atomic operations. No tonic, no SQL.
 //! - [`domain`]: validated newtypes (namespace, key, fingerprint, lease token,
@@ -24,6 +29,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod admin;
 pub mod config;
 pub mod domain;
@@ -33,6 +39,8 @@ pub mod health;
 pub mod lifecycle;
 pub mod metrics;
 pub mod reaper;
+pub mod reload;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

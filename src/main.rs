@@ -36,11 +36,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             server::run(config, listener, shutdown).await
         }
         Command::Migrate => {
-            AnyStore::open(&config.store_options(), true).await?;
+            AnyStore::open(&config.store_options()?, true).await?;
             tracing::info!("migrations applied");
             Ok(())
         }
-        command => match AnyStore::open(&config.store_options(), false).await? {
+        Command::Token { hash } => {
+            print!("{}", admin::token(hash)?);
+            Ok(())
+        }
+        command => match AnyStore::open(&config.store_options()?, false).await? {
             AnyStore::Postgres(store) => operate(store, &config, command).await,
             AnyStore::Sqlite(store) => operate(store, &config, command).await,
         },
@@ -58,7 +62,9 @@ async fn operate<S: Store>(store: S, config: &Config, command: Command) -> anyho
             reason,
         } => admin::purge(&lifecycle, namespace, key, &reason).await,
         Command::Stats => admin::stats(&store).await,
-        Command::Serve | Command::Migrate => unreachable!("handled by run"),
+        Command::Serve | Command::Migrate | Command::Token { .. } => {
+            unreachable!("handled by run")
+        }
     };
     store.close().await;
     print!("{}", output?);

@@ -66,6 +66,10 @@ fn describe() {
         "Complete, Release or ExtendLease refused because the lease was no longer the caller's."
     );
     describe_counter!("idempotency_purges_total", "Keys purged by an operator.");
+    describe_counter!(
+        "idempotency_tls_handshake_failures_total",
+        "Connections dropped because their TLS handshake failed or timed out (plaintext clients, untrusted or expired client certificates)."
+    );
     describe_gauge!(
         "idempotency_db_pool_connections",
         "Open database connections."
@@ -172,6 +176,10 @@ pub fn record_call(labels: &NamespaceLabels, call: CallRecord<'_>) {
         )
         .increment(1);
     }
+}
+
+pub fn record_tls_handshake_failure() {
+    counter!("idempotency_tls_handshake_failures_total").increment(1);
 }
 
 pub fn record_purge() {

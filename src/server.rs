@@ -1,25 +1,32 @@
 //! Wiring: opens the store the configuration names, builds the gRPC server
-//! (the service, health, reflection), starts the health watch and the reaper,
-//! and runs until the shutdown future resolves; then drains.
+//! (the service behind its guard, health, reflection; TLS when configured),
+//! starts the health watch, the reaper and the file reloaders, and runs until
+//! the shutdown future resolves; then drains.
 //!
 //! The shutdown signal is a parameter, so tests drive it without signals.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
+use crate::access::Policy;
 use crate::config::Config;
+use crate::grpc::guard::{Access, GuardLayer};
 use crate::grpc::proto::idempotency_service_server::IdempotencyServiceServer;
 use crate::grpc::{IdempotencyApi, proto};
 use crate::health;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{self, NamespaceLabels};
 use crate::reaper;
+use crate::reload::Reloading;
 use crate::store::coalesce::Coalesced;
 use crate::store::{AnyStore, Store};
+use crate::tls::{self, TlsConfig};
 
 /// Room above the largest response for the rest of a Complete request, so that
 /// an oversized response reaches validation and gets INVALID_ARGUMENT naming
@@ -31,6 +38,64 @@ const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
 /// is still refused before it is decoded when it is larger than any valid one.
 const BATCH_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
+/// The most header bytes (metadata) one call may send.
+const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+
+/// HTTP/2 pings find connections whose peer vanished.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The policy and TLS files, loaded; checked before the store opens so that a
+/// bad file stops the start at once.
+struct Security {
+    access: Access,
+    tls: Option<Arc<TlsConfig>>,
+}
+
+impl Security {
+    fn open(config: &Config) -> anyhow::Result<Self> {
+        let access = match &config.policy_file {
+            None => {
+                tracing::warn!(
+                    "NO ACCESS POLICY: every caller may use every namespace and every RPC, Purge included; set IDEMPOTENCY_POLICY_FILE to confine callers"
+                );
+                Access::Open
+            }
+            Some(path) => {
+                let policy = Reloading::open("access policy", vec![path.clone()], |contents| {
+                    Policy::parse(std::str::from_utf8(&contents[0])?)
+                })?;
+                tracing::info!(
+                    file = %path.display(),
+                    identities = policy.current().identities(),
+                    "access policy loaded"
+                );
+                Access::Policy(policy)
+            }
+        };
+        let tls = config.tls_files()?.map(|files| files.open()).transpose()?;
+        match &config.tls_files()? {
+            Some(files) => tracing::info!(
+                mutual = files.client_ca.is_some(),
+                client_auth = ?files.client_auth,
+                "TLS on: the gRPC port refuses plaintext"
+            ),
+            None => tracing::info!("TLS off: the gRPC port speaks plaintext"),
+        }
+        Ok(Self { access, tls })
+    }
+
+    /// Re-reads the files every interval until cancelled.
+    fn watch(&self, interval: Duration, cancel: &CancellationToken) {
+        if let Access::Policy(policy) = &self.access {
+            tokio::spawn(policy.clone().watch(interval, cancel.clone()));
+        }
+        if let Some(tls) = &self.tls {
+            tokio::spawn(tls.clone().watch(interval, cancel.clone()));
+        }
+    }
+}
+
 /// Opens the configured store (migrating it unless told not to) and serves on
 /// `listener` until `shutdown` resolves.
 pub async fn run(
@@ -39,7 +104,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    match AnyStore::open(&config.store_options(), config.run_migrations).await? {
+    let security = Security::open(&config)?;
+    match AnyStore::open(&config.store_options()?, config.run_migrations).await? {
         AnyStore::Postgres(store) if config.coalesce => {
             tracing::info!(
                 store = "postgres",
@@ -47,7 +113,7 @@ pub async fn run(
                 "using the PostgreSQL store"
             );
             let store = Coalesced::new(store, config.coalesce_options());
-            serve(store, &config, listener, shutdown).await
+            serve(store, &config, security, listener, shutdown).await
         }
         AnyStore::Postgres(store) => {
             tracing::info!(
@@ -55,7 +121,7 @@ pub async fn run(
                 coalesce = false,
                 "using the PostgreSQL store"
             );
-            serve(store, &config, listener, shutdown).await
+            serve(store, &config, security, listener, shutdown).await
         }
         AnyStore::Sqlite(store) => {
             tracing::info!(
@@ -63,16 +129,17 @@ pub async fn run(
                 file = %store.path().display(),
                 "using the embedded SQLite store: single instance only; use PostgreSQL (DATABASE_URL=postgres://…) to run several replicas"
             );
-            serve(store, &config, listener, shutdown).await
+            serve(store, &config, security, listener, shutdown).await
         }
     }
 }
 
 /// Serves one store. Health starts NOT_SERVING and turns SERVING once the
 /// store answers a ping.
-pub async fn serve<S: Store>(
+async fn serve<S: Store>(
     store: S,
     config: &Config,
+    security: Security,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
@@ -105,9 +172,17 @@ pub async fn serve<S: Store>(
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
+    security.watch(config.reload_interval, &background);
+    let labels = NamespaceLabels::new(&config.metrics_namespaces);
+    let guard = GuardLayer::new(
+        security.access,
+        config.max_concurrent_calls,
+        config.call_timeout,
+        labels.clone(),
+    );
     let api = IdempotencyServiceServer::new(IdempotencyApi::new(
         Lifecycle::new(store.clone(), config.limits()),
-        NamespaceLabels::new(&config.metrics_namespaces),
+        labels,
         config.max_batch_items,
     ))
     .max_decoding_message_size(
@@ -115,9 +190,30 @@ pub async fn serve<S: Store>(
     );
 
     let addr = listener.local_addr()?;
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let drain = CancellationToken::new();
+    let health_only = match config.health_listen_addr()? {
+        None => None,
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await?;
+            tracing::info!(%addr, "serving plaintext grpc.health.v1 for probes");
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            Some(tokio::spawn(
+                tonic::transport::Server::builder()
+                    .max_concurrent_streams(config.max_streams_per_connection)
+                    .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+                    .timeout(config.call_timeout)
+                    .add_service(health_service.clone())
+                    .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned()),
+            ))
+        }
+    };
+    let incoming = tls::incoming(listener, security.tls, drain.clone());
     let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(config.max_streams_per_connection)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .layer(guard)
         .add_service(health_service)
         // grpcurl 1.8 and Python's reflection client speak only v1alpha.
         .add_service(reflection().build_v1()?)
@@ -148,6 +244,10 @@ pub async fn serve<S: Store>(
         }
     };
     background.cancel();
+    drain.cancel();
+    if let Some(task) = health_only {
+        let _ = task.await;
+    }
     let _ = reaper_task.await;
     let _ = metrics_task.await;
     store.close().await;

@@ -7,6 +7,8 @@
 //! fencing token, the caller's `x-request-id`, latency. Never response bytes,
 //! fingerprints or tokens.
 
+pub mod codec;
+pub mod guard;
 pub mod status;
 
 use std::time::{Duration, Instant, SystemTime};
@@ -16,6 +18,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use self::guard::Caller;
 use crate::domain::{ClaimOutcome, Fingerprint, Key, LeaseToken, Namespace, Record, RecordState};
 use crate::error::Error;
 use crate::lifecycle::{self, Lifecycle};
@@ -100,6 +103,11 @@ impl<S: Store> IdempotencyApi<S> {
             fencing_token: None,
             took_over: false,
             labels: self.labels.clone(),
+            caller: request
+                .extensions()
+                .get::<Caller>()
+                .cloned()
+                .unwrap_or(Caller(None)),
         };
         (log, span)
     }
@@ -133,6 +141,8 @@ struct CallLog {
     fencing_token: Option<u64>,
     took_over: bool,
     labels: NamespaceLabels,
+    /// Who is calling, as the guard found; asked about each namespace.
+    caller: Caller,
 }
 
 impl CallLog {
@@ -155,6 +165,7 @@ impl CallLog {
         tracing::info!(
             method = self.method,
             namespace = self.namespace.as_ref().map_or("", Namespace::as_str),
+            identity = self.caller.name(),
             outcome,
             fencing_token = self.fencing_token,
             request_id = self.request_id.as_deref(),
@@ -179,13 +190,17 @@ impl CallLog {
     }
 }
 
-fn code_name(code: tonic::Code) -> &'static str {
+pub(crate) fn code_name(code: tonic::Code) -> &'static str {
     use tonic::Code::*;
     match code {
         InvalidArgument => "invalid_argument",
         NotFound => "not_found",
         FailedPrecondition => "failed_precondition",
         Aborted => "aborted",
+        Unauthenticated => "unauthenticated",
+        PermissionDenied => "permission_denied",
+        ResourceExhausted => "resource_exhausted",
+        DeadlineExceeded => "deadline_exceeded",
         Unavailable => "unavailable",
         Internal => "internal",
         _ => "error",
@@ -215,11 +230,28 @@ fn wire_duration(d: Duration) -> Option<prost_types::Duration> {
     prost_types::Duration::try_from(d).ok()
 }
 
-/// Parses namespace and key, remembering the namespace for the log.
-fn identity(log: &mut CallLog, namespace: String, key: String) -> Result<(Namespace, Key), Error> {
+/// Parses namespace and key, remembering the namespace for the log, and
+/// checks that the caller may use the namespace.
+fn namespaced_key(
+    log: &mut CallLog,
+    namespace: String,
+    key: String,
+) -> Result<(Namespace, Key), Error> {
     let namespace = Namespace::parse(namespace)?;
     log.namespace = Some(namespace.clone());
-    Ok((namespace, Key::parse(key)?))
+    let key = Key::parse(key)?;
+    log.caller.check_namespace(&namespace)?;
+    Ok((namespace, key))
+}
+
+/// Checks that the caller may use the namespace of every item of a batch.
+fn check_items<'a>(
+    caller: &Caller,
+    namespaces: impl Iterator<Item = &'a Namespace>,
+) -> Result<(), Error> {
+    namespaces
+        .enumerate()
+        .try_for_each(|(i, namespace)| caller.check_namespace(namespace).map_err(|e| e.at_item(i)))
 }
 
 fn parse_claim(request: proto::ClaimRequest) -> Result<lifecycle::ClaimRequest, Error> {
@@ -351,6 +383,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         let result = async {
             let request = parse_claim(request)?;
             log.namespace = Some(request.namespace.clone());
+            log.caller.check_namespace(&request.namespace)?;
             self.lifecycle.claim(request).await
         }
         .instrument(span)
@@ -371,6 +404,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         let result = async {
             let request = parse_complete(request)?;
             log.namespace = Some(request.namespace.clone());
+            log.caller.check_namespace(&request.namespace)?;
             self.lifecycle.complete(request).await
         }
         .instrument(span)
@@ -391,7 +425,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         let (mut log, span) = self.start("Release", &request);
         let request = request.into_inner();
         let result = async {
-            let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
+            let (namespace, key) = namespaced_key(&mut log, request.namespace, request.key)?;
             let token = LeaseToken::parse(&request.lease_token)?;
             self.lifecycle.release(namespace, key, token).await
         }
@@ -407,7 +441,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         let (mut log, span) = self.start("ExtendLease", &request);
         let request = request.into_inner();
         let result = async {
-            let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
+            let (namespace, key) = namespaced_key(&mut log, request.namespace, request.key)?;
             let token = LeaseToken::parse(&request.lease_token)?;
             let lease_ttl = duration("lease_ttl", request.lease_ttl)?;
             self.lifecycle
@@ -432,7 +466,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         let (mut log, span) = self.start("Get", &request);
         let request = request.into_inner();
         let result = async {
-            let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
+            let (namespace, key) = namespaced_key(&mut log, request.namespace, request.key)?;
             self.lifecycle.get(namespace, key).await
         }
         .instrument(span)
@@ -450,6 +484,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
             self.check_batch_size(items.len())?;
             let requests = parse_items(items, parse_claim)?;
             log.namespace = batch_namespace(requests.iter().map(|r| &r.namespace));
+            check_items(&log.caller, requests.iter().map(|r| &r.namespace))?;
             self.lifecycle.claim_many(requests).await
         }
         .instrument(span)
@@ -473,6 +508,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
             self.check_batch_size(items.len())?;
             let requests = parse_items(items, parse_complete)?;
             log.namespace = batch_namespace(requests.iter().map(|r| &r.namespace));
+            check_items(&log.caller, requests.iter().map(|r| &r.namespace))?;
             self.lifecycle.complete_many(requests).await
         }
         .instrument(span)
@@ -493,7 +529,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         let (mut log, span) = self.start("Purge", &request);
         let request = request.into_inner();
         let result = async {
-            let (namespace, key) = identity(&mut log, request.namespace, request.key)?;
+            let (namespace, key) = namespaced_key(&mut log, request.namespace, request.key)?;
             if request.reason.len() > MAX_REASON_BYTES {
                 return Err(Error::invalid(
                     "reason",

@@ -12,6 +12,10 @@ pub fn to_status(error: Error) -> Status {
         Error::NotFound => Status::not_found(error.to_string()),
         Error::LeaseMismatch(reason) => Status::failed_precondition(reason),
         Error::Contended => Status::aborted(error.to_string()),
+        Error::Unauthenticated(reason) => Status::unauthenticated(reason),
+        Error::PermissionDenied(reason) => Status::permission_denied(reason),
+        Error::ResourceExhausted(reason) => Status::resource_exhausted(reason),
+        Error::DeadlineExceeded => Status::deadline_exceeded(error.to_string()),
         Error::Unavailable(ref cause) => {
             tracing::warn!(error = %cause, "store unavailable");
             Status::unavailable(error.to_string())
@@ -30,6 +34,10 @@ pub fn code_of(error: &Error) -> Code {
         Error::NotFound => Code::NotFound,
         Error::LeaseMismatch(_) => Code::FailedPrecondition,
         Error::Contended => Code::Aborted,
+        Error::Unauthenticated(_) => Code::Unauthenticated,
+        Error::PermissionDenied(_) => Code::PermissionDenied,
+        Error::ResourceExhausted(_) => Code::ResourceExhausted,
+        Error::DeadlineExceeded => Code::DeadlineExceeded,
         Error::Unavailable(_) => Code::Unavailable,
         Error::Internal(_) => Code::Internal,
     }

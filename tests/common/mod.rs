@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod pki;
 pub mod process;
 
 use std::future::Future;
@@ -169,6 +170,19 @@ impl TestServer {
     /// Starts a server on `config` and waits (with a deadline) until it
     /// reports SERVING.
     pub async fn start(config: Config) -> Self {
+        Self::start_with_channel(config, |addr| {
+            Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect_lazy()
+        })
+        .await
+    }
+
+    /// The same, with the clients' channel made by `channel` (TLS, say).
+    pub async fn start_with_channel(
+        config: Config,
+        channel: impl FnOnce(SocketAddr) -> Channel,
+    ) -> Self {
         let listener = tokio::net::TcpListener::bind(config.listen_addr)
             .await
             .unwrap();
@@ -177,9 +191,7 @@ impl TestServer {
         let task = tokio::spawn(idempotency_service::server::run(config, listener, async {
             let _ = rx.await;
         }));
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect_lazy();
+        let channel = channel(addr);
         let server = Self {
             addr,
             client: IdempotencyServiceClient::new(channel.clone())

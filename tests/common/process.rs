@@ -30,7 +30,7 @@ pub fn command(dir: &Path) -> Command {
     let mut command = Command::new(BINARY);
     command.current_dir(dir);
     for (name, _) in std::env::vars() {
-        if name == "DATABASE_URL" || name.starts_with("IDEMPOTENCY_") {
+        if name.starts_with("DATABASE_URL") || name.starts_with("IDEMPOTENCY_") {
             command.env_remove(name);
         }
     }
@@ -43,16 +43,32 @@ pub fn command(dir: &Path) -> Command {
 pub struct ServerProcess {
     pub child: Child,
     pub port: u16,
+    /// Where health is probed: the main port, or a plaintext health port.
+    pub health_port: u16,
 }
 
 impl ServerProcess {
     /// Starts the binary listening on a free port and waits for SERVING.
-    pub async fn start(mut command: Command) -> Self {
+    pub async fn start(command: Command) -> Self {
         let port = free_port();
+        Self::start_on(command, port, port).await
+    }
+
+    /// The same, probing health on the plaintext `health_port` (for a server
+    /// whose main port speaks TLS).
+    pub async fn start_probing(command: Command, health_port: u16) -> Self {
+        Self::start_on(command, free_port(), health_port).await
+    }
+
+    async fn start_on(mut command: Command, port: u16, health_port: u16) -> Self {
         command.env("IDEMPOTENCY_LISTEN_ADDR", format!("127.0.0.1:{port}"));
         command.env("IDEMPOTENCY_HEALTH_CHECK_INTERVAL", "200ms");
         let child = command.spawn().expect("start the server binary");
-        let server = Self { child, port };
+        let server = Self {
+            child,
+            port,
+            health_port,
+        };
         assert_eq!(
             server.wait_for_health(ServingStatus::Serving).await,
             Some(()),
@@ -62,7 +78,11 @@ impl ServerProcess {
     }
 
     pub fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://127.0.0.1:{}", self.port))
+        Self::plaintext(self.port)
+    }
+
+    fn plaintext(port: u16) -> Channel {
+        Channel::from_shared(format!("http://127.0.0.1:{port}"))
             .unwrap()
             .connect_lazy()
     }
@@ -72,7 +92,7 @@ impl ServerProcess {
     }
 
     pub async fn wait_for_health(&self, status: ServingStatus) -> Option<()> {
-        let health = HealthClient::new(self.channel());
+        let health = HealthClient::new(Self::plaintext(self.health_port));
         eventually(Duration::from_secs(30), || {
             let mut health = health.clone();
             async move {
