@@ -67,6 +67,27 @@ CONFIG_ENV = {
     "RUST_LOG": "info",
     "IDEMPOTENCY_RECORDS_GAUGE_INTERVAL": "60s",
 }
+LIMITS_ENV = {
+    "IDEMPOTENCY_MAX_CONCURRENT_CALLS": "1024",
+    "IDEMPOTENCY_MAX_STREAMS_PER_CONNECTION": "128",
+    "IDEMPOTENCY_CALL_TIMEOUT": "30s",
+}
+TLS_ENV = {
+    "IDEMPOTENCY_TLS_CERT_FILE",
+    "IDEMPOTENCY_TLS_KEY_FILE",
+    "IDEMPOTENCY_TLS_CLIENT_CA_FILE",
+    "IDEMPOTENCY_TLS_CLIENT_AUTH",
+}
+HEALTH_PORT = 50052
+TEST_POD_PEER = {
+    "podSelector": {
+        "matchLabels": {
+            "app.kubernetes.io/name": "idempotency-service",
+            "app.kubernetes.io/instance": RELEASE,
+            "app.kubernetes.io/component": "test",
+        }
+    }
+}
 DEFAULT_DATABASE_URL_ENV = {
     "name": "DATABASE_URL",
     "valueFrom": {
@@ -116,6 +137,18 @@ def one(docs, kind: str, name: str | None = None) -> dict:
     return found[0]
 
 
+def pod_spec(docs) -> dict:
+    return one(docs, "Deployment")["spec"]["template"]["spec"]
+
+
+def volumes_of(pod: dict) -> dict[str, dict]:
+    return {v["name"]: v for v in pod.get("volumes", [])}
+
+
+def mounts_of(container: dict) -> dict[str, dict]:
+    return {m["name"]: m for m in container.get("volumeMounts", [])}
+
+
 def kinds(docs) -> list[tuple[str, str]]:
     return sorted((d["kind"], d["metadata"]["name"]) for d in docs)
 
@@ -159,8 +192,9 @@ def test_default_values_render_exactly_the_server_its_service_pdb_migration_and_
     ]
 
 
-def test_every_option_on_adds_hpa_monitoring_networkpolicy_serviceaccount_and_headless_service():
+def test_every_option_on_adds_hpa_monitoring_networkpolicy_serviceaccount_headless_service_and_policy():
     assert kinds(all_on()) == [
+        ("ConfigMap", "idempotency-service-policy"),
         ("Deployment", "idempotency-service"),
         ("HorizontalPodAutoscaler", "idempotency-service"),
         ("Job", "idempotency-service-migrate"),
@@ -208,17 +242,19 @@ def test_two_replicas_roll_with_max_unavailable_zero():
     ]["labels"]
 
 
-def test_probes_are_native_grpc_on_the_grpc_port():
+def test_probes_are_native_grpc_on_the_plaintext_health_port():
     container = server(default())
     assert container["ports"][0] == {"name": "grpc", "containerPort": 50051, "protocol": "TCP"}
+    assert container["ports"][-1] == {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}
+    assert plain_env(container)["IDEMPOTENCY_HEALTH_LISTEN_ADDR"] == f"0.0.0.0:{HEALTH_PORT}"
     assert container["startupProbe"] == {
-        "grpc": {"port": 50051, "service": "liveness"},
+        "grpc": {"port": HEALTH_PORT, "service": "liveness"},
         "periodSeconds": 2,
         "timeoutSeconds": 2,
         "failureThreshold": 60,
     }
     assert container["livenessProbe"] == {
-        "grpc": {"port": 50051, "service": "liveness"},
+        "grpc": {"port": HEALTH_PORT, "service": "liveness"},
         "periodSeconds": 10,
         "timeoutSeconds": 5,
         "failureThreshold": 6,
@@ -227,7 +263,7 @@ def test_probes_are_native_grpc_on_the_grpc_port():
 
 def test_readiness_probe_asks_for_the_idempotency_service_by_name():
     assert server(default())["readinessProbe"] == {
-        "grpc": {"port": 50051, "service": SERVICE_NAME},
+        "grpc": {"port": HEALTH_PORT, "service": SERVICE_NAME},
         "periodSeconds": 5,
         "timeoutSeconds": 2,
         "failureThreshold": 2,
@@ -295,8 +331,10 @@ def test_server_serves_with_the_servers_own_migrations_off():
 def test_every_server_setting_reaches_the_server_as_an_environment_variable():
     server_env = {
         "IDEMPOTENCY_LISTEN_ADDR": "0.0.0.0:50051",
+        "IDEMPOTENCY_HEALTH_LISTEN_ADDR": f"0.0.0.0:{HEALTH_PORT}",
         "IDEMPOTENCY_METRICS_ADDR": "0.0.0.0:9090",
         "IDEMPOTENCY_RUN_MIGRATIONS": "false",
+        **LIMITS_ENV,
     }
     assert plain_env(server(default())) == {**CONFIG_ENV, **server_env}
     env = env_of(server(default()))
@@ -310,6 +348,7 @@ def test_config_values_are_passed_through_unchanged():
         "--set", "config.maxResponseBytes=2097152",
         "--set", "config.dataDir=/data",
         "--set", "grpc.port=6000",
+        "--set", "healthPort=6001",
         "--set", "bindHost=[::]",
     )
     env = plain_env(server(docs))
@@ -318,7 +357,12 @@ def test_config_values_are_passed_through_unchanged():
     assert env["IDEMPOTENCY_DATA_DIR"] == "/data"
     assert env["IDEMPOTENCY_LISTEN_ADDR"] == "[::]:6000"
     assert env["IDEMPOTENCY_METRICS_ADDR"] == "[::]:9090"
-    assert server(docs)["readinessProbe"]["grpc"] == {"port": 6000, "service": SERVICE_NAME}
+    assert env["IDEMPOTENCY_HEALTH_LISTEN_ADDR"] == "[::]:6001"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server(docs)[probe]["grpc"]["port"] == 6001
+    assert server(docs)["ports"][-1] == {"name": "health", "containerPort": 6001, "protocol": "TCP"}
+    assert one(docs, "Service")["spec"]["ports"][-1]["port"] == 6001
+    assert "-addr=idempotency-service.idempotency.svc:6001" in one(docs, "Pod")["spec"]["containers"][0]["args"]
 
 
 # --- the database URL ------------------------------------------------------------
@@ -330,12 +374,56 @@ def test_database_url_comes_from_the_existing_secret_by_default():
 
 
 def test_the_existing_secret_name_and_key_come_from_values():
+    docs = render("--set", "database.existingSecret.name=idempotency-db", "--set", "database.existingSecret.key=url")
     expected = {
         "name": "DATABASE_URL",
         "valueFrom": {"secretKeyRef": {"name": "idempotency-db", "key": "url"}},
     }
-    assert env_of(server(all_on()))["DATABASE_URL"] == expected
-    assert env_of(migrate_container(all_on()))["DATABASE_URL"] == expected
+    assert env_of(server(docs))["DATABASE_URL"] == expected
+    assert env_of(migrate_container(docs))["DATABASE_URL"] == expected
+
+
+def test_url_from_file_mounts_the_secret_and_sets_database_url_file_instead_of_database_url():
+    volume = {
+        "name": "database",
+        "secret": {"secretName": "idempotency-db", "items": [{"key": "url", "path": "database-url"}]},
+    }
+    mount = {"name": "database", "mountPath": "/etc/idempotency/database", "readOnly": True}
+    for pod in (pod_spec(all_on()), migrate_job(all_on())["spec"]["template"]["spec"]):
+        assert volumes_of(pod)["database"] == volume
+        [container] = pod["containers"]
+        env = env_of(container)
+        assert "DATABASE_URL" not in env
+        assert env["DATABASE_URL_FILE"] == {
+            "name": "DATABASE_URL_FILE", "value": "/etc/idempotency/database/database-url"
+        }
+        # A directory mount of the one key, never subPath.
+        assert mounts_of(container)["database"] == mount
+
+
+def test_url_from_file_defaults_to_the_charts_secret_name_and_key():
+    docs = render("--set", "database.urlFromFile=true")
+    assert volumes_of(pod_spec(docs))["database"]["secret"] == {
+        "secretName": "idempotency-service-database",
+        "items": [{"key": "database-url", "path": "database-url"}],
+    }
+    assert "DATABASE_URL" not in env_of(server(docs))
+
+
+def test_without_url_from_file_nothing_database_is_mounted():
+    for container in (server(default()), migrate_container(default())):
+        assert "DATABASE_URL_FILE" not in env_of(container)
+        assert "database" not in mounts_of(container)
+    assert "database" not in volumes_of(pod_spec(default()))
+
+
+def test_url_from_file_with_a_plain_text_url_fails_the_render():
+    stderr = render_fails(
+        "--set", "database.url=postgres://u:p@db/idem",
+        "--set", "database.allowPlainTextUrl=true",
+        "--set", "database.urlFromFile=true",
+    )
+    assert "database.urlFromFile mounts database.existingSecret" in stderr
 
 
 def test_the_default_render_holds_no_plain_text_database_url_or_password():
@@ -391,7 +479,7 @@ def test_migrations_can_be_left_to_the_operator():
 # --- Service, PDB, test pod ---------------------------------------------------------
 
 
-def test_service_exposes_the_grpc_and_metrics_ports_of_the_server_pods():
+def test_service_exposes_the_grpc_metrics_and_health_ports_of_the_server_pods():
     spec = one(default(), "Service")["spec"]
     assert spec == {
         "type": "ClusterIP",
@@ -399,6 +487,7 @@ def test_service_exposes_the_grpc_and_metrics_ports_of_the_server_pods():
         "ports": [
             {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
             {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"},
+            {"name": "health", "port": HEALTH_PORT, "targetPort": "health", "protocol": "TCP", "appProtocol": "grpc"},
         ],
     }
 
@@ -414,14 +503,14 @@ def test_no_pdb_for_a_single_replica():
     assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
 
 
-def test_helm_test_pod_checks_grpc_health_of_the_service_through_the_service():
+def test_helm_test_pod_checks_grpc_health_through_the_services_plaintext_health_port():
     pod = one(default(), "Pod")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert pod["spec"]["restartPolicy"] == "Never"
     [container] = pod["spec"]["containers"]
     assert container["image"] == "ghcr.io/grpc-ecosystem/grpc-health-probe:v0.4.41"
     assert container["args"] == [
-        "-addr=idempotency-service.idempotency.svc:50051",
+        f"-addr=idempotency-service.idempotency.svc:{HEALTH_PORT}",
         f"-service={SERVICE_NAME}",
         "-connect-timeout=5s",
         "-rpc-timeout=5s",
@@ -459,6 +548,7 @@ def test_metrics_port_service_port_and_servicemonitor_line_up():
     assert container["ports"] == [
         {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
         {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+        {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
     ]
     assert plain_env(container)["IDEMPOTENCY_METRICS_ADDR"] == "0.0.0.0:9090"
     service = one(all_on(), "Service", "idempotency-service")
@@ -480,6 +570,7 @@ def test_metrics_are_served_on_port_9090_by_default():
     assert container["ports"] == [
         {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
         {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+        {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
     ]
     assert env_of(container)["IDEMPOTENCY_METRICS_ADDR"] == {
         "name": "IDEMPOTENCY_METRICS_ADDR", "value": "0.0.0.0:9090"
@@ -496,8 +587,11 @@ def test_metrics_turned_off_set_an_empty_address_and_expose_no_port():
     container = server(docs)
     # Empty, not absent: without the variable the server would listen on 0.0.0.0:9090.
     assert env_of(container)["IDEMPOTENCY_METRICS_ADDR"] == {"name": "IDEMPOTENCY_METRICS_ADDR", "value": ""}
-    assert container["ports"] == [{"name": "grpc", "containerPort": 50051, "protocol": "TCP"}]
-    assert [p["name"] for p in one(docs, "Service")["spec"]["ports"]] == ["grpc"]
+    assert container["ports"] == [
+        {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
+        {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
+    ]
+    assert [p["name"] for p in one(docs, "Service")["spec"]["ports"]] == ["grpc", "health"]
     # The migration Job never serves metrics, whatever the setting.
     assert "IDEMPOTENCY_METRICS_ADDR" not in env_of(migrate_container(docs))
 
@@ -537,6 +631,7 @@ def test_prometheus_rule_carries_exactly_the_groups_of_deploy_prometheus_alerts_
         "IdempotencyCallLatencyHigh",
         "IdempotencyDbPoolSaturated",
         "IdempotencyReaperLagHigh",
+        "IdempotencyAccessDeniedRateHigh",
     ]
     # Prometheus's own templates pass through the chart untouched.
     assert rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"] == (
@@ -567,19 +662,13 @@ def test_network_policy_admits_listed_clients_and_the_helm_test_pod():
     assert spec["podSelector"] == {"matchLabels": SELECTOR}
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     grpc_rule, metrics_rule = spec["ingress"]
+    # The health port goes with the gRPC port: the test pod checks it, and the
+    # kubelet's probes come from the node, which NetworkPolicy never blocks.
     assert grpc_rule == {
-        "ports": [{"port": "grpc", "protocol": "TCP"}],
+        "ports": [{"port": "grpc", "protocol": "TCP"}, {"port": "health", "protocol": "TCP"}],
         "from": [
             {"namespaceSelector": {"matchLabels": {"idempotency-client": "true"}}},
-            {
-                "podSelector": {
-                    "matchLabels": {
-                        "app.kubernetes.io/name": "idempotency-service",
-                        "app.kubernetes.io/instance": RELEASE,
-                        "app.kubernetes.io/component": "test",
-                    }
-                }
-            },
+            TEST_POD_PEER,
         ],
     }
     assert metrics_rule == {
@@ -613,6 +702,217 @@ def test_headless_service_resolves_to_the_server_pods():
 def test_all_on_render_keeps_the_restricted_security_context_and_secret_reference():
     assert server(all_on())["securityContext"] == RESTRICTED_CONTAINER
     assert "password" not in json.dumps(all_on()).lower()
+
+
+# --- TLS, the access policy, the abuse limits ------------------------------------------------
+
+TLS_DIR = "/etc/idempotency/tls"
+POLICY_DIR = "/etc/idempotency/policy"
+TLS_ON = ("--set", "tls.enabled=true", "--set", "tls.secretName=idem-tls")
+
+
+def test_tls_is_off_by_default_no_tls_variables_volume_or_mount():
+    container = server(default())
+    assert not TLS_ENV & set(env_of(container))
+    assert "tls" not in mounts_of(container)
+    assert "tls" not in volumes_of(pod_spec(default()))
+
+
+def test_tls_on_sets_the_certificate_and_key_files_of_a_read_only_directory_mount():
+    docs = render(*TLS_ON)
+    container = server(docs)
+    env = plain_env(container)
+    assert env["IDEMPOTENCY_TLS_CERT_FILE"] == f"{TLS_DIR}/tls.crt"
+    assert env["IDEMPOTENCY_TLS_KEY_FILE"] == f"{TLS_DIR}/tls.key"
+    # No client CA without clientAuth, even if the Secret carries a ca.crt.
+    assert "IDEMPOTENCY_TLS_CLIENT_CA_FILE" not in env
+    assert "IDEMPOTENCY_TLS_CLIENT_AUTH" not in env
+    # A directory mount (no subPath), so a renewed certificate reaches the pod.
+    assert mounts_of(container)["tls"] == {"name": "tls", "mountPath": TLS_DIR, "readOnly": True}
+    assert volumes_of(pod_spec(docs))["tls"] == {
+        "name": "tls",
+        "projected": {
+            "sources": [
+                {
+                    "secret": {
+                        "name": "idem-tls",
+                        "items": [
+                            {"key": "tls.crt", "path": "tls.crt"},
+                            {"key": "tls.key", "path": "tls.key"},
+                        ],
+                    }
+                }
+            ]
+        },
+    }
+    # The migration Job serves nothing: no TLS there.
+    assert not TLS_ENV & set(env_of(migrate_container(docs)))
+
+
+def test_no_volume_mount_of_any_render_uses_sub_path():
+    for docs in (default(), all_on(), render(*TLS_ON, "--set", "policy.existingSecret=p")):
+        for container in (server(docs), migrate_container(docs)):
+            for mount in container["volumeMounts"]:
+                assert "subPath" not in mount and "subPathExpr" not in mount, mount
+
+
+@pytest.mark.parametrize("mode", ["required", "optional"])
+def test_client_auth_adds_the_client_ca_from_the_tls_secrets_ca_crt(mode):
+    docs = render(*TLS_ON, "--set", f"tls.clientAuth={mode}")
+    env = plain_env(server(docs))
+    assert env["IDEMPOTENCY_TLS_CLIENT_CA_FILE"] == f"{TLS_DIR}/ca.crt"
+    assert env["IDEMPOTENCY_TLS_CLIENT_AUTH"] == mode
+    [source] = volumes_of(pod_spec(docs))["tls"]["projected"]["sources"]
+    assert source["secret"] == {
+        "name": "idem-tls",
+        "items": [
+            {"key": "tls.crt", "path": "tls.crt"},
+            {"key": "tls.key", "path": "tls.key"},
+            {"key": "ca.crt", "path": "ca.crt"},
+        ],
+    }
+
+
+def test_a_separate_client_ca_secret_supplies_ca_crt_into_the_same_directory():
+    container = server(all_on())
+    env = plain_env(container)
+    assert {name: env[name] for name in TLS_ENV} == {
+        "IDEMPOTENCY_TLS_CERT_FILE": f"{TLS_DIR}/tls.crt",
+        "IDEMPOTENCY_TLS_KEY_FILE": f"{TLS_DIR}/tls.key",
+        "IDEMPOTENCY_TLS_CLIENT_CA_FILE": f"{TLS_DIR}/ca.crt",
+        "IDEMPOTENCY_TLS_CLIENT_AUTH": "required",
+    }
+    assert mounts_of(container)["tls"] == {"name": "tls", "mountPath": TLS_DIR, "readOnly": True}
+    assert [s["secret"] for s in volumes_of(pod_spec(all_on()))["tls"]["projected"]["sources"]] == [
+        {
+            "name": "idempotency-service-tls",
+            "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}],
+        },
+        {"name": "idempotency-client-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+    ]
+
+
+def test_probes_and_the_test_pod_stay_on_the_plaintext_health_port_with_tls_on():
+    container = server(all_on())
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == HEALTH_PORT
+    assert plain_env(container)["IDEMPOTENCY_HEALTH_LISTEN_ADDR"] == f"0.0.0.0:{HEALTH_PORT}"
+    args = one(all_on(), "Pod")["spec"]["containers"][0]["args"]
+    assert args[0] == f"-addr=idempotency-service.idempotency.svc:{HEALTH_PORT}"
+    assert not [a for a in args if a.startswith("-tls")]
+    service = one(all_on(), "Service", "idempotency-service")
+    assert service["spec"]["ports"][-1] == {
+        "name": "health", "port": HEALTH_PORT, "targetPort": "health", "protocol": "TCP", "appProtocol": "grpc"
+    }
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (("--set", "tls.enabled=true"), "tls.enabled needs tls.secretName"),
+        (("--set", "tls.clientAuth=required"), "tls.clientAuth (mutual TLS) needs tls.enabled"),
+        ((*TLS_ON, "--set", "tls.clientCaSecretName=ca"), "tls.clientCaSecretName is only used with tls.clientAuth"),
+        (("--set", "tls.clientAuth=sometimes"), "/tls/clientAuth"),
+        (("--set", "healthPort=50051"), "healthPort 50051 is already the gRPC or the metrics port"),
+        (("--set", "healthPort=9090"), "healthPort 9090 is already the gRPC or the metrics port"),
+    ],
+)
+def test_tls_and_health_port_settings_that_cannot_work_fail_the_render(settings, message):
+    assert message in render_fails(*settings)
+
+
+def test_the_health_port_may_reuse_the_metrics_port_number_when_metrics_are_off():
+    docs = render("--set", "metrics.enabled=false", "--set", "healthPort=9090")
+    assert server(docs)["readinessProbe"]["grpc"]["port"] == 9090
+
+
+def test_without_a_policy_there_is_no_policy_variable_volume_or_configmap():
+    container = server(default())
+    assert "IDEMPOTENCY_POLICY_FILE" not in env_of(container)
+    assert "policy" not in mounts_of(container)
+    assert "policy" not in volumes_of(pod_spec(default()))
+    assert not [d for d in default() if d["kind"] == "ConfigMap"]
+
+
+@pytest.mark.parametrize(
+    "setting, volume",
+    [
+        (
+            "policy.existingSecret=idem-policy",
+            {"secret": {"secretName": "idem-policy", "items": [{"key": "policy.toml", "path": "policy.toml"}]}},
+        ),
+        (
+            "policy.existingConfigMap=idem-policy",
+            {"configMap": {"name": "idem-policy", "items": [{"key": "policy.toml", "path": "policy.toml"}]}},
+        ),
+        (
+            "policy.content=[[identity]]",
+            {
+                "configMap": {
+                    "name": "idempotency-service-policy",
+                    "items": [{"key": "policy.toml", "path": "policy.toml"}],
+                }
+            },
+        ),
+    ],
+)
+def test_each_policy_source_is_mounted_as_a_directory_and_named_by_the_policy_file(setting, volume):
+    docs = render("--set", setting)
+    container = server(docs)
+    assert plain_env(container)["IDEMPOTENCY_POLICY_FILE"] == f"{POLICY_DIR}/policy.toml"
+    assert mounts_of(container)["policy"] == {"name": "policy", "mountPath": POLICY_DIR, "readOnly": True}
+    assert volumes_of(pod_spec(docs))["policy"] == {"name": "policy", **volume}
+    # The chart renders a ConfigMap only for the inline policy.
+    configmaps = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert len(configmaps) == (1 if setting.startswith("policy.content") else 0)
+    # The server reads the policy; the migration Job does not.
+    assert "IDEMPOTENCY_POLICY_FILE" not in env_of(migrate_container(docs))
+
+
+def test_the_inline_policy_becomes_the_charts_configmap_word_for_word():
+    values = yaml.safe_load(ALL_ON.read_text())
+    configmap = one(all_on(), "ConfigMap", "idempotency-service-policy")
+    assert configmap["metadata"]["namespace"] == NAMESPACE
+    assert configmap["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+    assert configmap["data"] == {"policy.toml": values["policy"]["content"]}
+    policy = tomllib.loads(configmap["data"]["policy.toml"])
+    assert [identity["name"] for identity in policy["identity"]] == ["orders", "operator"]
+    assert policy["identity"][0]["token_hashes"][0].startswith("sha256:")
+    assert volumes_of(pod_spec(all_on()))["policy"]["configMap"]["name"] == "idempotency-service-policy"
+
+
+def test_two_policy_sources_at_once_fail_the_render():
+    stderr = render_fails("--set", "policy.existingSecret=a", "--set", "policy.existingConfigMap=b")
+    assert "set at most one of policy.existingSecret, policy.existingConfigMap and policy.content" in stderr
+
+
+def test_a_bearer_token_pasted_into_the_inline_policy_fails_the_render():
+    token = "idem_" + "ab" * 32
+    stderr = render_fails("--set", f'policy.content=token_hashes = ["{token}"]')
+    assert "looks like a bearer token" in stderr
+    assert token not in stderr
+
+
+def test_limits_reach_the_server_only():
+    assert {k: plain_env(server(default()))[k] for k in LIMITS_ENV} == LIMITS_ENV
+    assert {k: plain_env(server(all_on()))[k] for k in LIMITS_ENV} == {
+        "IDEMPOTENCY_MAX_CONCURRENT_CALLS": "2048",
+        "IDEMPOTENCY_MAX_STREAMS_PER_CONNECTION": "64",
+        "IDEMPOTENCY_CALL_TIMEOUT": "15s",
+    }
+    assert not set(LIMITS_ENV) & set(env_of(migrate_container(all_on())))
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("limits.maxConcurrentCalls=0", "/limits/maxConcurrentCalls"),
+        ("limits.maxStreamsPerConnection=0", "/limits/maxStreamsPerConnection"),
+        ("limits.callTimeout=forever", "/limits/callTimeout"),
+    ],
+)
+def test_the_schema_rejects_limits_that_cannot_work(setting, message):
+    assert message in render_fails("--set", setting)
 
 
 # --- values ------------------------------------------------------------------------------
@@ -669,7 +969,31 @@ def test_notes_name_the_secret_the_endpoint_and_the_test():
     assert "idempotency-service.idempotency.svc:50051" in text
     assert "Prometheus metrics: /metrics on port 9090 of each pod and of the Service.\n" in text
     assert "helm test idempotency-service -n idempotency" in text
+    assert "WARNING: DATABASE_URL" not in text
+
+
+def test_notes_warn_that_without_a_policy_the_service_runs_open_and_tls_is_off():
+    text = notes()
+    assert "WARNING: no access policy is set" in text
+    assert "runs OPEN" in text
+    assert "idempotency-service token" in text
+    assert "TLS: off." in text
+    assert "grpcurl -plaintext localhost:50051" in text
+
+
+def test_notes_report_tls_mutual_tls_and_the_policy_source_when_set():
+    text = notes("-f", str(ALL_ON))
     assert "WARNING" not in text
+    assert 'TLS: on. The gRPC port speaks TLS only, with tls.crt and tls.key of Secret "idempotency-service-tls"' in text
+    assert "Mutual TLS: client certificates required" in text
+    assert 'ca.crt of Secret "idempotency-client-ca"' in text
+    assert 'Access policy: policy.toml of ConfigMap "idempotency-service-policy" (from policy.content)' in text
+    assert "-cert client.crt -key client.key" in text
+    assert "-plaintext" not in text
+    secret = notes("--set", "policy.existingSecret=idem-policy")
+    assert 'Access policy: policy.toml of Secret "idem-policy"' in secret
+    configmap = notes("--set", "policy.existingConfigMap=idem-policy")
+    assert 'Access policy: policy.toml of ConfigMap "idem-policy"' in configmap
 
 
 def test_notes_warn_about_a_plain_text_database_url():

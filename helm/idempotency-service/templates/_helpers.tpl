@@ -73,15 +73,23 @@ app.kubernetes.io/part-of: idempotency-service
 {{/*
 DATABASE_URL: from the existing Secret, or as plain text only with the explicit
 opt-in. A url without the opt-in fails the render rather than being ignored, so
-nobody believes a value is in use that is not.
+nobody believes a value is in use that is not. With database.urlFromFile the
+Secret is mounted instead (databaseVolume) and DATABASE_URL_FILE names the file;
+the server refuses both variables at once, so DATABASE_URL is then not set.
 */}}
 {{- define "idempotency-service.databaseUrlEnv" -}}
 {{- if .Values.database.url }}
 {{- if not .Values.database.allowPlainTextUrl }}
 {{- fail "database.url is set but database.allowPlainTextUrl is false: put DATABASE_URL in a Secret and set database.existingSecret.name, or opt in to plain text with database.allowPlainTextUrl=true" }}
 {{- end }}
+{{- if .Values.database.urlFromFile }}
+{{- fail "database.urlFromFile mounts database.existingSecret as a file, but database.url is set: put the URL in the Secret and unset database.url" }}
+{{- end }}
 - name: DATABASE_URL
   value: {{ .Values.database.url | quote }}
+{{- else if .Values.database.urlFromFile }}
+- name: DATABASE_URL_FILE
+  value: {{ include "idempotency-service.databaseUrlFile" . | quote }}
 {{- else }}
 - name: DATABASE_URL
   valueFrom:
@@ -139,4 +147,80 @@ nobody believes a value is in use that is not.
 - name: tmp
   emptyDir:
     sizeLimit: {{ .Values.tmpSizeLimit }}
+{{- end }}
+
+{{/* Where database.urlFromFile puts the URL: one file in a directory mount. */}}
+{{- define "idempotency-service.databaseDir" -}}
+/etc/idempotency/database
+{{- end }}
+
+{{- define "idempotency-service.databaseUrlFile" -}}
+{{- printf "%s/database-url" (include "idempotency-service.databaseDir" .) }}
+{{- end }}
+
+{{/* The database Secret's key as a file (with database.urlFromFile): volume, then mount. */}}
+{{- define "idempotency-service.databaseVolume" -}}
+- name: database
+  secret:
+    secretName: {{ include "idempotency-service.databaseSecretName" . }}
+    items:
+      - key: {{ .Values.database.existingSecret.key }}
+        path: database-url
+{{- end }}
+
+{{- define "idempotency-service.databaseVolumeMount" -}}
+- name: database
+  mountPath: {{ include "idempotency-service.databaseDir" . }}
+  readOnly: true
+{{- end }}
+
+{{/* The TLS files and the access policy: directory mounts, never subPath (see deployment.yaml). */}}
+{{- define "idempotency-service.tlsDir" -}}
+/etc/idempotency/tls
+{{- end }}
+
+{{- define "idempotency-service.policyDir" -}}
+/etc/idempotency/policy
+{{- end }}
+
+{{- define "idempotency-service.policyConfigMapName" -}}
+{{- printf "%s-policy" (include "idempotency-service.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Non-empty when an access policy is configured, from whichever source. */}}
+{{- define "idempotency-service.policyEnabled" -}}
+{{- with .Values.policy }}{{ if or .existingSecret .existingConfigMap .content }}true{{ end }}{{ end }}
+{{- end }}
+
+{{/*
+Settings that only make sense together. Each mistake fails the render with
+what to change, rather than deploying something other than what was asked.
+*/}}
+{{- define "idempotency-service.validate" -}}
+{{- with .Values.tls }}
+{{- if and .enabled (not .secretName) }}
+{{- fail "tls.enabled needs tls.secretName: an existing kubernetes.io/tls Secret with tls.crt and tls.key (e.g. from a cert-manager Certificate)" }}
+{{- end }}
+{{- if and .clientAuth (not .enabled) }}
+{{- fail "tls.clientAuth (mutual TLS) needs tls.enabled and tls.secretName" }}
+{{- end }}
+{{- if and .clientCaSecretName (not .clientAuth) }}
+{{- fail "tls.clientCaSecretName is only used with tls.clientAuth (required or optional); set it or unset tls.clientCaSecretName" }}
+{{- end }}
+{{- end }}
+{{- with .Values.policy }}
+{{- $sources := 0 }}
+{{- range (list .existingSecret .existingConfigMap .content) }}{{ if . }}{{ $sources = add1 $sources }}{{ end }}{{ end }}
+{{- if gt $sources 1 }}
+{{- fail "set at most one of policy.existingSecret, policy.existingConfigMap and policy.content" }}
+{{- end }}
+{{- if regexMatch "idem_[0-9a-f]{64}" .content }}
+{{- fail "policy.content holds what looks like a bearer token (idem_...): put only its hash in the policy (token_hashes = [\"sha256:...\"], printed by `idempotency-service token` or `idempotency-service token --hash`)" }}
+{{- end }}
+{{- end }}
+{{- $ports := list (int .Values.grpc.port) }}
+{{- if .Values.metrics.enabled }}{{ $ports = append $ports (int .Values.metrics.port) }}{{ end }}
+{{- if has (int .Values.healthPort) $ports }}
+{{- fail (printf "healthPort %d is already the gRPC or the metrics port: pick another" (int .Values.healthPort)) }}
+{{- end }}
 {{- end }}
