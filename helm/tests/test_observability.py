@@ -27,17 +27,37 @@ DASHBOARD = REPO / "deploy" / "grafana" / "idempotency-service.json"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
 OPERATIONS = REPO / "docs" / "operations.md"
 METRICS_SOURCE = REPO / "src" / "metrics.rs"
+GRPC_SOURCE = REPO / "src" / "grpc" / "mod.rs"
 
-METHODS = {"Claim", "Complete", "Release", "ExtendLease", "Get", "Purge"}
+METHODS = {
+    "Claim",
+    "Complete",
+    "Release",
+    "ExtendLease",
+    "Get",
+    "ClaimBatch",
+    "CompleteBatch",
+    "Purge",
+}
+# The codes calls are counted with: "ok", the names `code_name` in
+# src/grpc/mod.rs gives, and its catch-all "error".
 CODES = {
     "ok",
     "invalid_argument",
     "not_found",
     "failed_precondition",
     "aborted",
+    "unauthenticated",
+    "permission_denied",
+    "resource_exhausted",
+    "deadline_exceeded",
     "unavailable",
     "internal",
+    "error",
 }
+# The codes of calls refused for access or limits (mostly by the guard in
+# src/grpc/guard.rs, before the call runs).
+REFUSED_CODES = {"unauthenticated", "permission_denied", "resource_exhausted", "deadline_exceeded"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +88,7 @@ METRICS: dict[str, Metric] = {
         "counter", {"method": frozenset({"Complete", "Release", "ExtendLease"}), **NAMESPACE}
     ),
     "idempotency_purges_total": Metric("counter"),
+    "idempotency_tls_handshake_failures_total": Metric("counter"),
     "idempotency_db_pool_connections": Metric("gauge"),
     "idempotency_db_pool_idle": Metric("gauge"),
     "idempotency_db_pool_max": Metric("gauge"),
@@ -276,6 +297,8 @@ def test_the_dashboard_has_the_panels_an_operator_looks_for():
         "Call rate by method and code",
         "Error ratio",
         "Latency p50 and p99 by method",
+        "Refused calls by code",
+        "TLS handshake failures",
         "Claim outcomes",
         "Replay ratio",
         "Lease takeovers and lost leases",
@@ -289,7 +312,18 @@ def test_the_dashboard_has_the_panels_an_operator_looks_for():
     units = {p["title"]: p["fieldConfig"]["defaults"]["unit"] for p in visualisations(dashboard())}
     assert units["Error ratio"] == units["Replay ratio"] == "percentunit"
     assert units["Latency p50 and p99 by method"] == units["Reaper lag"] == "s"
-    assert units["Call rate by method and code"] == "reqps"
+    assert units["Call rate by method and code"] == units["Refused calls by code"] == "reqps"
+
+
+def test_the_refused_calls_panel_shows_every_refusal_code():
+    [panel] = [p for p in visualisations(dashboard()) if p["title"] == "Refused calls by code"]
+    shown = set()
+    for target in panel["targets"]:
+        for selector in selectors(promql.parse(grafana_to_promql(target["expr"]))):
+            for matcher in selector.matchers.matchers:
+                if matcher.name == "code":
+                    shown |= set(matcher.value.split("|"))
+    assert shown == REFUSED_CODES
 
 
 def test_panels_do_not_overlap():
@@ -312,7 +346,7 @@ def rules() -> list[dict]:
     return [rule for group in doc["groups"] for rule in group["rules"]]
 
 
-def test_the_alerts_are_the_six_examples():
+def test_the_alerts_are_the_seven_examples():
     assert [r["alert"] for r in rules()] == [
         "IdempotencyStoreDown",
         "IdempotencyUnavailableRateHigh",
@@ -320,6 +354,7 @@ def test_the_alerts_are_the_six_examples():
         "IdempotencyCallLatencyHigh",
         "IdempotencyDbPoolSaturated",
         "IdempotencyReaperLagHigh",
+        "IdempotencyAccessDeniedRateHigh",
     ]
 
 
@@ -345,6 +380,8 @@ def test_the_store_down_and_reaper_lag_alerts_have_the_documented_thresholds():
     assert by_name["IdempotencyReaperLagHigh"]["expr"].strip().endswith("> 600")
     assert by_name["IdempotencyDbPoolSaturated"]["expr"].strip() == "idempotency_db_pool_waiting > 0"
     assert by_name["IdempotencyDbPoolSaturated"]["for"] == "10m"
+    assert by_name["IdempotencyAccessDeniedRateHigh"]["for"] == "10m"
+    assert by_name["IdempotencyAccessDeniedRateHigh"]["expr"].strip().endswith("> 1")
 
 
 def test_every_alert_has_a_unit_test_and_a_section_in_the_operations_page():
@@ -364,6 +401,16 @@ def test_every_alert_has_a_unit_test_and_a_section_in_the_operations_page():
 def test_the_server_source_names_exactly_the_metrics_checked_here():
     names = set(re.findall(r'"(idempotency_[a-z_]+)"', METRICS_SOURCE.read_text()))
     assert names == set(METRICS)
+
+
+def test_the_server_source_names_exactly_the_methods_and_codes_checked_here():
+    source = GRPC_SOURCE.read_text()
+    methods = set(re.findall(r'self\.start\("(\w+)"', source))
+    assert methods == METHODS
+    code_name = re.search(r"fn code_name\(.*?\n}\n", source, re.S)
+    assert code_name, "code_name is gone from src/grpc/mod.rs"
+    codes = set(re.findall(r'=> "(\w+)"', code_name.group(0)))
+    assert codes | {"ok"} == CODES
 
 
 def test_the_operations_page_lists_every_metric_with_its_type_and_labels():
