@@ -31,8 +31,26 @@ export interface Logger {
   warn(message: string): void;
 }
 
+/** TLS settings: PEM as Buffers. Omitted roots: the system's (Node's) roots. */
+export interface TlsOptions {
+  /** The CA certificates that verify the server, instead of the system's roots. */
+  rootCerts?: Buffer;
+  /** A client certificate (chain) for mutual TLS; needs clientKey. */
+  clientCert?: Buffer;
+  /** The client certificate's private key; needs clientCert. */
+  clientKey?: Buffer;
+}
+
 export interface ClientOptions {
-  /** TLS and the like; plaintext when omitted. */
+  /**
+   * A bearer token, sent as `authorization: Bearer <token>` with every call
+   * (once()'s and the batch calls' included). Over a plaintext channel it
+   * travels in clear: use TLS beyond loopback or a trusted network.
+   */
+  token?: string;
+  /** TLS: `true` verifies the server against the system's roots; an object sets roots and a client certificate. */
+  tls?: boolean | TlsOptions;
+  /** Any other channel credentials (instead of `tls`); plaintext when neither is given. */
   credentials?: grpc.ChannelCredentials;
   /** Each call's deadline, in milliseconds (default 10 s). */
   timeoutMs?: number;
@@ -97,21 +115,22 @@ function serviceConstructor() {
  * A client of idempotency-service.
  *
  *     const client = new IdempotencyClient("127.0.0.1:50051");
+ *     const client = new IdempotencyClient("idempotency.internal:50051",
+ *       { token, tls: { rootCerts: readFileSync("ca.pem") } });
  *
  * Failed calls reject with the classes in errors.ts, never with a bare grpc ServiceError.
  */
 export class IdempotencyClient {
   private readonly stub: IdempotencyServiceClient;
+  private readonly authorization: string | undefined;
   readonly timeoutMs: number;
   readonly logger: Logger;
 
   constructor(target: string, options: ClientOptions = {}) {
+    this.authorization = bearer(options.token);
+    const credentials = channelCredentials(options);
     const Service = serviceConstructor();
-    this.stub = new Service(
-      target,
-      options.credentials ?? grpc.credentials.createInsecure(),
-      options.channelOptions,
-    );
+    this.stub = new Service(target, credentials, options.channelOptions);
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.logger = options.logger ?? console;
   }
@@ -122,9 +141,11 @@ export class IdempotencyClient {
 
   private call<Req, Res>(name: string, request: Req, options: CallOptions | undefined): Promise<Res> {
     const deadline = new Date(Date.now() + (options?.timeoutMs ?? this.timeoutMs));
+    const metadata = new grpc.Metadata();
+    if (this.authorization !== undefined) metadata.set("authorization", this.authorization);
     return new Promise((resolve, reject) => {
       const method = (this.stub as unknown as Record<string, Function>)[name];
-      method.call(this.stub, request, { deadline }, (error: grpc.ServiceError | null, response: Res) => {
+      method.call(this.stub, request, metadata, { deadline }, (error: grpc.ServiceError | null, response: Res) => {
         if (error) reject(fromServiceError(error, name));
         else resolve(response);
       });
@@ -237,6 +258,35 @@ export class IdempotencyClient {
   ): Promise<OnceResult<T>> {
     return runOnce(this, namespace, key, work, options);
   }
+}
+
+/** The `authorization` metadata value for a token, checked. */
+function bearer(token: unknown): string | undefined {
+  if (token === undefined) return undefined;
+  if (typeof token !== "string") throw new TypeError(`token must be a string, got ${typeof token}`);
+  if (!/^[\x21-\x7e]+$/.test(token)) throw new TypeError("token must be non-empty printable ASCII without spaces");
+  return `Bearer ${token}`;
+}
+
+/** The channel's credentials from `tls` or `credentials`; plaintext when neither is set. */
+function channelCredentials(options: ClientOptions): grpc.ChannelCredentials {
+  const tls = options.tls;
+  if (tls === undefined || tls === false) return options.credentials ?? grpc.credentials.createInsecure();
+  if (options.credentials) throw new TypeError("pass either credentials or tls, not both");
+  if (tls === true) return grpc.credentials.createSsl();
+  if (typeof tls !== "object" || tls === null) throw new TypeError("tls must be a boolean or { rootCerts, clientCert, clientKey }");
+  const pem = (value: unknown, field: string): Buffer | null => {
+    if (value === undefined || value === null) return null;
+    if (!Buffer.isBuffer(value)) throw new TypeError(`tls.${field} must be a Buffer of PEM, got ${typeof value}`);
+    return value;
+  };
+  const rootCerts = pem(tls.rootCerts, "rootCerts");
+  const clientCert = pem(tls.clientCert, "clientCert");
+  const clientKey = pem(tls.clientKey, "clientKey");
+  if ((clientCert === null) !== (clientKey === null)) {
+    throw new TypeError("tls.clientCert and tls.clientKey go together (mutual TLS needs both)");
+  }
+  return grpc.credentials.createSsl(rootCerts, clientKey, clientCert);
 }
 
 function claimRequest(item: ClaimItem) {

@@ -26,6 +26,15 @@ export class LeaseNotCurrent extends IdempotencyError {}
 /** UNAVAILABLE or DEADLINE_EXCEEDED: the service or its store cannot be reached; retry with backoff. */
 export class Unavailable extends IdempotencyError {}
 
+/** UNAUTHENTICATED: no credentials, a token the policy does not know, or a client certificate whose CN is not in it. */
+export class Unauthenticated extends IdempotencyError {}
+
+/** PERMISSION_DENIED: the policy does not grant the caller this RPC or namespace (for a batch: any item's). Nothing changed. */
+export class PermissionDenied extends IdempotencyError {}
+
+/** RESOURCE_EXHAUSTED: over the caller's rate limit, or too many calls in flight on the server. Retry with backoff. */
+export class ResourceExhausted extends IdempotencyError {}
+
 /** once(): the key was already seen with another payload fingerprint. Nothing changed. */
 export class FingerprintMismatch extends IdempotencyError {}
 
@@ -53,6 +62,9 @@ const BY_CODE = new Map<status, new (message: string, options?: { code?: status;
   [status.FAILED_PRECONDITION, LeaseNotCurrent],
   [status.UNAVAILABLE, Unavailable],
   [status.DEADLINE_EXCEEDED, Unavailable],
+  [status.UNAUTHENTICATED, Unauthenticated],
+  [status.PERMISSION_DENIED, PermissionDenied],
+  [status.RESOURCE_EXHAUSTED, ResourceExhausted],
 ]);
 
 /**

@@ -11,6 +11,7 @@
 export { IdempotencyClient, DEFAULT_TIMEOUT_MS } from "./client";
 export type {
   ClientOptions,
+  TlsOptions,
   CallOptions,
   ClaimOptions,
   CompleteOptions,
@@ -43,6 +44,9 @@ export {
   KeyNotFound,
   LeaseNotCurrent,
   Unavailable,
+  Unauthenticated,
+  PermissionDenied,
+  ResourceExhausted,
   FingerprintMismatch,
   InProgress,
   LeaseLost,

@@ -5,6 +5,10 @@
 //   const client = new IdempotencyClient(server.target);
 //   ...
 //   await server.stop();                         // SIGTERM, as in production
+//
+// With TLS on the main port (IDEMPOTENCY_TLS_CERT_FILE in `env`), the helper
+// also opens the plaintext health listener (IDEMPOTENCY_HEALTH_LISTEN_ADDR) on
+// another free port, unless `env` sets it, and waits on that one.
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { mkdtempSync, openSync, readFileSync, closeSync } from "node:fs";
 import { createServer } from "node:net";
@@ -30,6 +34,8 @@ export interface ServerOptions {
 
 export interface RunningServer {
   target: string;
+  /** Where the health check answers without credentials: the extra plaintext listener if any, else target. */
+  healthTarget: string;
   process: ChildProcess;
   logPath: string;
   log(): string;
@@ -114,7 +120,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   // Metrics off: the default port (9090) is one for every server on the machine.
   Object.assign(env, { IDEMPOTENCY_LISTEN_ADDR: target, IDEMPOTENCY_DATA_DIR: dataDir, IDEMPOTENCY_METRICS_ADDR: "" });
   if (options.databaseUrl) env.DATABASE_URL = options.databaseUrl;
-  Object.assign(env, options.env ?? {});
+  const extra = { ...(options.env ?? {}) };
+  if (extra.IDEMPOTENCY_TLS_CERT_FILE && extra.IDEMPOTENCY_HEALTH_LISTEN_ADDR === undefined) {
+    // The main port speaks TLS only; wait on a plaintext health listener.
+    extra.IDEMPOTENCY_HEALTH_LISTEN_ADDR = `127.0.0.1:${await freePort()}`;
+  }
+  Object.assign(env, extra);
+  const healthTarget = env.IDEMPOTENCY_HEALTH_LISTEN_ADDR || target;
   const logPath = join(dataDir, "server.log");
   const logFd = openSync(logPath, "w");
   const child = spawn(binary, [], { env, stdio: ["ignore", logFd, logFd] });
@@ -124,6 +136,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
 
   const server: RunningServer = {
     target,
+    healthTarget,
     process: child,
     logPath,
     log: () => {
@@ -144,7 +157,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     },
   };
   try {
-    await waitUntilServing(target, options.readyTimeoutMs ?? 60_000, child);
+    await waitUntilServing(healthTarget, options.readyTimeoutMs ?? 60_000, child);
   } catch (error) {
     await server.stop();
     throw new Error(`${(error as Error).message}\n--- server log ---\n${server.log()}`);

@@ -27,6 +27,8 @@ from ._proto import idempotency_pb2_grpc as pb_grpc
 from .client import (
     DEFAULT_TIMEOUT,
     ChannelOptions,
+    call_metadata,
+    channel_credentials,
     claim_batch_request,
     claim_request,
     complete_batch_request,
@@ -65,17 +67,27 @@ from .types import (
 
 
 class AsyncIdempotencyClient:
-    """The asyncio client; the same arguments as IdempotencyClient, with a grpc.aio channel."""
+    """The asyncio client; the same arguments as IdempotencyClient (token, TLS
+    options, credentials, timeout), with a grpc.aio channel."""
 
     def __init__(
         self,
         target: Optional[str] = None,
         *,
+        token: Optional[str] = None,
+        tls: bool = False,
+        root_certificates: Optional[bytes] = None,
+        client_certificate: Optional[bytes] = None,
+        client_key: Optional[bytes] = None,
         credentials: Optional[grpc.ChannelCredentials] = None,
         timeout: float = DEFAULT_TIMEOUT,
         options: ChannelOptions = None,
         channel: Optional[grpc.aio.Channel] = None,
     ):
+        metadata = call_metadata(token)
+        credentials = channel_credentials(
+            credentials, tls, root_certificates, client_certificate, client_key, channel
+        )
         if channel is None:
             if target is None:
                 raise TypeError("AsyncIdempotencyClient needs a target or a channel")
@@ -85,6 +97,7 @@ class AsyncIdempotencyClient:
                 channel = grpc.aio.secure_channel(target, credentials, options=options)
         self._channel = channel
         self._stub = pb_grpc.IdempotencyServiceStub(channel)
+        self._metadata = metadata
         self.timeout = timeout
 
     async def close(self) -> None:
@@ -98,7 +111,11 @@ class AsyncIdempotencyClient:
 
     async def _call(self, name: str, method, request, timeout: Optional[float]):
         try:
-            return await method(request, timeout=self.timeout if timeout is None else timeout)
+            return await method(
+                request,
+                timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata,
+            )
         except grpc.RpcError as error:  # grpc.aio.AioRpcError is one
             raise from_rpc_error(error, name) from error
 

@@ -117,26 +117,91 @@ def purge_request(namespace, key, reason) -> pb.PurgeRequest:
     return pb.PurgeRequest(namespace=namespace, key=key, reason=reason)
 
 
+def channel_credentials(
+    credentials: Optional[grpc.ChannelCredentials],
+    tls: bool,
+    root_certificates: Optional[bytes],
+    client_certificate: Optional[bytes],
+    client_key: Optional[bytes],
+    channel: Any,
+) -> Optional[grpc.ChannelCredentials]:
+    """The channel's credentials from a client's TLS options: None for plaintext."""
+    pems = {
+        "root_certificates": root_certificates,
+        "client_certificate": client_certificate,
+        "client_key": client_key,
+    }
+    for name, value in pems.items():
+        if value is not None and not isinstance(value, bytes):
+            raise TypeError(f"{name} must be PEM bytes, got {type(value).__name__}")
+    wants_tls = bool(tls) or any(value is not None for value in pems.values())
+    if wants_tls and (credentials is not None or channel is not None):
+        raise TypeError(
+            "pass either credentials= or channel=, or the TLS options"
+            " (tls, root_certificates, client_certificate, client_key), not both"
+        )
+    if (client_certificate is None) != (client_key is None):
+        raise TypeError("client_certificate and client_key go together (mutual TLS needs both)")
+    if not wants_tls:
+        return credentials
+    return grpc.ssl_channel_credentials(
+        root_certificates=root_certificates,
+        private_key=client_key,
+        certificate_chain=client_certificate,
+    )
+
+
+def call_metadata(token: Optional[str]) -> Optional[Tuple[Tuple[str, str], ...]]:
+    """The metadata sent with every call: the bearer token, if any."""
+    if token is None:
+        return None
+    if not isinstance(token, str):
+        raise TypeError(f"token must be a str, got {type(token).__name__}")
+    if not token or not all("!" <= ch <= "~" for ch in token):
+        raise ValueError("token must be non-empty printable ASCII without spaces")
+    return (("authorization", f"Bearer {token}"),)
+
+
 class IdempotencyClient:
     """A client of idempotency-service.
 
         client = IdempotencyClient("127.0.0.1:50051")
+        client = IdempotencyClient("idempotency.internal:50051", token=token,
+                                   root_certificates=open("ca.pem", "rb").read())
 
-    `credentials` (grpc.ChannelCredentials) makes a TLS channel; without it the
-    channel is plaintext. `timeout` is each call's deadline in seconds. An
-    existing `channel` may be passed instead of a target. Errors are raised as
-    the classes in idempotency_client.errors, never as bare grpc.RpcError.
+    `token` is sent as `authorization: Bearer <token>` with every call
+    (once()'s and the batch calls' included). Over a plaintext channel it
+    travels in clear: use TLS beyond loopback or a trusted network.
+
+    TLS: `tls=True` verifies the server against the system's roots;
+    `root_certificates` (PEM bytes) against those instead; `client_certificate`
+    and `client_key` (PEM bytes, both) present a client certificate (mutual
+    TLS). Any of the three implies TLS. For anything else pass `credentials`
+    (grpc.ChannelCredentials), or an existing `channel` instead of a target;
+    the token is still sent with those. Without any, the channel is plaintext.
+
+    `timeout` is each call's deadline in seconds. Errors are raised as the
+    classes in idempotency_client.errors, never as bare grpc.RpcError.
     """
 
     def __init__(
         self,
         target: Optional[str] = None,
         *,
+        token: Optional[str] = None,
+        tls: bool = False,
+        root_certificates: Optional[bytes] = None,
+        client_certificate: Optional[bytes] = None,
+        client_key: Optional[bytes] = None,
         credentials: Optional[grpc.ChannelCredentials] = None,
         timeout: float = DEFAULT_TIMEOUT,
         options: ChannelOptions = None,
         channel: Optional[grpc.Channel] = None,
     ):
+        metadata = call_metadata(token)
+        credentials = channel_credentials(
+            credentials, tls, root_certificates, client_certificate, client_key, channel
+        )
         if channel is None:
             if target is None:
                 raise TypeError("IdempotencyClient needs a target or a channel")
@@ -146,6 +211,7 @@ class IdempotencyClient:
                 channel = grpc.secure_channel(target, credentials, options=options)
         self._channel = channel
         self._stub = pb_grpc.IdempotencyServiceStub(channel)
+        self._metadata = metadata
         self.timeout = timeout
 
     def close(self) -> None:
@@ -159,7 +225,11 @@ class IdempotencyClient:
 
     def _call(self, name: str, method, request, timeout: Optional[float]):
         try:
-            return method(request, timeout=self.timeout if timeout is None else timeout)
+            return method(
+                request,
+                timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata,
+            )
         except grpc.RpcError as error:
             raise from_rpc_error(error, name) from error
 

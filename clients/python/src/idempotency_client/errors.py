@@ -50,6 +50,28 @@ class Unavailable(IdempotencyError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class Unauthenticated(IdempotencyError):
+    """UNAUTHENTICATED: no credentials, a token the server's policy does not
+    know, or a client certificate whose CN is not in it. Retrying cannot help
+    until the token (or certificate) is fixed."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(IdempotencyError):
+    """PERMISSION_DENIED: the caller is known, but the policy does not grant it
+    this RPC or this namespace (for a batch: any item's). Nothing was changed."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhausted(IdempotencyError):
+    """RESOURCE_EXHAUSTED: over the caller's rate limit, or the server has too
+    many calls in flight. Nothing was done; retry with backoff."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class FingerprintMismatch(IdempotencyError):
     """once(): the key was already seen with another payload fingerprint, i.e. the
     same event identity arrived with a different payload. Nothing was changed."""
@@ -85,6 +107,9 @@ _BY_CODE = {
     grpc.StatusCode.FAILED_PRECONDITION: LeaseNotCurrent,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
 }
 
 

@@ -4,6 +4,10 @@ port, ready once its health check says SERVING.
     with ServerProcess.start(binary, data_dir=tmp) as server:
         client = IdempotencyClient(server.target)
 
+With TLS on the main port (IDEMPOTENCY_TLS_CERT_FILE in `env`), the helper
+also opens the plaintext health listener (IDEMPOTENCY_HEALTH_LISTEN_ADDR) on
+another free port, unless `env` sets it, and waits on that one.
+
 Needs grpcio-health-checking (the package's `test` extra). PostgreSQL-backed
 servers get a fresh database from create_postgres_database().
 """
@@ -82,6 +86,9 @@ class ServerProcess:
     target: str
     log_path: pathlib.Path
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Where the health check answers without credentials: the extra plaintext
+    #: listener when there is one, else the main port.
+    health_target: Optional[str] = None
 
     @classmethod
     def start(
@@ -107,15 +114,20 @@ class ServerProcess:
         )
         if database_url:
             server_env["DATABASE_URL"] = database_url
-        server_env.update(env or {})
+        env = dict(env or {})
+        if env.get("IDEMPOTENCY_TLS_CERT_FILE") and "IDEMPOTENCY_HEALTH_LISTEN_ADDR" not in env:
+            # The main port speaks TLS only; wait on a plaintext health listener.
+            env["IDEMPOTENCY_HEALTH_LISTEN_ADDR"] = f"127.0.0.1:{free_port()}"
+        server_env.update(env)
+        health_target = server_env.get("IDEMPOTENCY_HEALTH_LISTEN_ADDR") or target
         log_path = pathlib.Path(data_dir) / "server.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 [str(binary)], env=server_env, stdout=log, stderr=subprocess.STDOUT
             )
-        server = cls(process, target, log_path, server_env)
+        server = cls(process, target, log_path, server_env, health_target)
         try:
-            wait_until_serving(target, ready_timeout, process)
+            wait_until_serving(health_target, ready_timeout, process)
         except Exception as error:
             server.stop()
             raise RuntimeError(f"{error}\n--- server log ---\n{server.log()}") from None
