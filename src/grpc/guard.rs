@@ -151,8 +151,17 @@ where
                 .extensions()
                 .get::<Caller>()
                 .and_then(|c| c.name().map(str::to_owned));
-            // The deadline is checked before the call is first polled, so a
-            // call whose deadline passed does no work at all.
+            // A call whose deadline passed does no work at all. (The timer
+            // below has millisecond ticks, so it cannot be trusted to fire
+            // before the call is first polled.)
+            if Instant::now() >= deadline {
+                return Ok(state.refuse(
+                    method,
+                    identity.as_deref(),
+                    started,
+                    Error::DeadlineExceeded,
+                ));
+            }
             tokio::select! {
                 biased;
                 () = tokio::time::sleep_until(deadline) => {

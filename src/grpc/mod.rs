@@ -8,6 +8,8 @@
 //! fingerprints or tokens.
 
 pub mod codec;
+#[cfg(test)]
+mod fuzz;
 pub mod guard;
 pub mod status;
 
