@@ -10,8 +10,8 @@
 #   - idempotency-bench against the service (target/release/idempotency-service
 #     on the same database, RUST_LOG=warn), recording the server's resident
 #     memory after the point.
-# Then pgbench's 64-key unnest claim alone (ClaimBatch does not exist yet), the
-# service-only scenarios (contended, mixed), and Claim+Complete once more on a
+# Then pgbench's 64-key unnest claim against ClaimBatch of 100 fresh keys
+# (keys per second on both sides), the service-only scenarios (contended, mixed), and Claim+Complete once more on a
 # second server with the default info logging, to show what the per-call log
 # line costs. It prints both sides with their ratio (service / pgbench), and
 # the CPU each side spent per operation (PostgreSQL, the server, the rest).
@@ -390,7 +390,10 @@ for pair in claim:claim:claim-as-sent \
     measured service_point warn "$scenario" "$scenario" "$level"
   done
 done
-for level in $levels; do measured pgbench_point claim-unnest64 "$level"; done
+for level in $levels; do
+  measured pgbench_point claim-unnest64 "$level"
+  measured service_point warn claim-batch claim-batch "$level"
+done
 for scenario in contended mixed; do
   for level in $extra_levels; do measured service_point warn "$scenario" "$scenario" "$level"; done
 done

@@ -73,15 +73,21 @@ impl Security {
                 Access::Policy(policy)
             }
         };
-        let tls = config.tls_files()?.map(|files| files.open()).transpose()?;
-        match &config.tls_files()? {
-            Some(files) => tracing::info!(
-                mutual = files.client_ca.is_some(),
-                client_auth = ?files.client_auth,
-                "TLS on: the gRPC port refuses plaintext"
-            ),
-            None => tracing::info!("TLS off: the gRPC port speaks plaintext"),
-        }
+        let tls = match config.tls_files()? {
+            Some(files) => {
+                let tls = files.open()?;
+                tracing::info!(
+                    mutual = files.client_ca.is_some(),
+                    client_auth = ?files.client_auth,
+                    "TLS on: the gRPC port refuses plaintext"
+                );
+                Some(tls)
+            }
+            None => {
+                tracing::info!("TLS off: the gRPC port speaks plaintext");
+                None
+            }
+        };
         Ok(Self { access, tls })
     }
 

@@ -5,6 +5,8 @@
 //! time and/or number of operations, after an unrecorded warm-up:
 //! - `claim`: Claim of a fresh key, left in progress (one Claim per op);
 //! - `claim-complete`: Claim of a fresh key, then Complete (one cycle per op);
+//! - `claim-batch`: one ClaimBatch of `--batch-size` fresh keys per op, every
+//!   item CLAIMED (keys/s is ops/s times the batch size);
 //! - `duplicate`: redeliveries of keys completed before the run; every Claim
 //!   must answer OUTCOME_COMPLETED (the replay);
 //! - `contended`: every caller on a few hot keys; whoever wins a Claim
@@ -42,7 +44,8 @@ use tonic::{Code, Status};
 
 use idempotency_service::grpc::proto::idempotency_service_client::IdempotencyServiceClient;
 use idempotency_service::grpc::proto::{
-    ClaimRequest, ClaimResponse, CompleteRequest, GetRequest, Outcome, ReleaseRequest,
+    ClaimBatchRequest, ClaimRequest, ClaimResponse, CompleteRequest, GetRequest, Outcome,
+    ReleaseRequest,
 };
 
 type Client = IdempotencyServiceClient<Channel>;
@@ -94,6 +97,10 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     duplicate_keys: usize,
 
+    /// Fresh keys per ClaimBatch in the `claim-batch` scenario.
+    #[arg(long, default_value_t = 100)]
+    batch_size: usize,
+
     /// Hot keys of the `contended` scenario.
     #[arg(long, default_value_t = 8)]
     contended_keys: usize,
@@ -124,6 +131,7 @@ struct Args {
 enum Scenario {
     Claim,
     ClaimComplete,
+    ClaimBatch,
     Duplicate,
     Contended,
     Mixed,
@@ -134,6 +142,7 @@ impl Scenario {
         match self {
             Scenario::Claim => "claim",
             Scenario::ClaimComplete => "claim-complete",
+            Scenario::ClaimBatch => "claim-batch",
             Scenario::Duplicate => "duplicate",
             Scenario::Contended => "contended",
             Scenario::Mixed => "mixed",
@@ -160,6 +169,7 @@ const ABANDONED_MAX: usize = 1024;
 /// What every caller reads: the run's fixed inputs and its clock.
 struct Shared {
     scenario: Scenario,
+    batch_size: usize,
     namespace: String,
     response: Vec<u8>,
     /// Claims of completed keys, built once and cloned per call.
@@ -309,6 +319,7 @@ impl Caller {
         match self.shared.scenario {
             Scenario::Claim => ("op:claim", self.fresh_claim().await),
             Scenario::ClaimComplete => ("op:claim-complete", self.fresh_cycle().await),
+            Scenario::ClaimBatch => ("op:claim-batch", self.fresh_batch().await),
             Scenario::Duplicate => ("op:duplicate", self.duplicate().await),
             Scenario::Contended => ("op:contended", self.contended().await),
             Scenario::Mixed => match self.rng.random_range(0..100u32) {
@@ -355,6 +366,36 @@ impl Caller {
             .claim_expecting(request, Outcome::Claimed, "a fresh key")
             .await?;
         self.complete(key, claimed.lease_token, None).await
+    }
+
+    async fn fresh_batch(&mut self) -> Result<(), Failed> {
+        let items = (0..self.shared.batch_size)
+            .map(|_| {
+                let key = self.fresh_key();
+                self.claim_request(key, None)
+            })
+            .collect();
+        let started = Instant::now();
+        let result = self.client.claim_batch(ClaimBatchRequest { items }).await;
+        self.stats.latency("ClaimBatch", started.elapsed());
+        let response = match result {
+            Ok(response) => response.into_inner(),
+            Err(status) => return Err(self.failed("ClaimBatch", &status)),
+        };
+        self.stats.outcome("ClaimBatch", "OK");
+        let claimed = response
+            .items
+            .iter()
+            .filter(|item| item.outcome == Outcome::Claimed as i32)
+            .count();
+        if claimed == self.shared.batch_size {
+            return Ok(());
+        }
+        let expected = self.shared.batch_size;
+        self.stats.error("UNEXPECTED_OUTCOME", || {
+            format!("ClaimBatch of {expected} fresh keys claimed {claimed}")
+        });
+        Err(Failed)
     }
 
     async fn duplicate(&mut self) -> Result<(), Failed> {
@@ -690,6 +731,8 @@ struct Report {
     /// Operations that finished without error (cycles for claim-complete).
     ops: u64,
     ops_per_s: f64,
+    /// Keys claimed per second: ops/s, times the batch size for claim-batch.
+    keys_per_s: f64,
     rpcs: u64,
     rpcs_per_s: f64,
     errors_total: u64,
@@ -736,10 +779,11 @@ fn print_report(report: &Report) {
         report.namespace
     );
     println!(
-        "measured {:.2} s: {} ops ({:.1} ops/s), {} RPCs ({:.1} RPC/s), {} errors{}",
+        "measured {:.2} s: {} ops ({:.1} ops/s, {:.1} keys/s), {} RPCs ({:.1} RPC/s), {} errors{}",
         report.elapsed_s,
         report.ops,
         report.ops_per_s,
+        report.keys_per_s,
         report.rpcs,
         report.rpcs_per_s,
         report.errors_total,
@@ -778,6 +822,9 @@ async fn main() -> anyhow::Result<ExitCode> {
     if args.concurrency == 0 || args.connections == 0 {
         bail!("--concurrency and --connections must be at least 1");
     }
+    if args.scenario == Scenario::ClaimBatch && args.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
     if args.scenario == Scenario::Contended && args.contended_keys == 0 {
         bail!("--contended-keys must be at least 1");
     }
@@ -807,6 +854,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     let measure_from = start + args.warmup;
     let shared = Arc::new(Shared {
         scenario: args.scenario,
+        batch_size: args.batch_size,
         namespace: namespace.clone(),
         response,
         duplicates,
@@ -862,6 +910,11 @@ async fn main() -> anyhow::Result<ExitCode> {
         elapsed_s: elapsed,
         ops: total.ops,
         ops_per_s: total.ops as f64 / elapsed,
+        keys_per_s: total.ops as f64 / elapsed
+            * match args.scenario {
+                Scenario::ClaimBatch => args.batch_size as f64,
+                _ => 1.0,
+            },
         rpcs: total.rpcs,
         rpcs_per_s: total.rpcs as f64 / elapsed,
         errors_total,
