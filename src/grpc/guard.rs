@@ -147,25 +147,18 @@ where
         let state = self.state.clone();
         Box::pin(async move {
             let _permit = permit;
-            let identity = request
-                .extensions()
-                .get::<Caller>()
-                .and_then(|c| c.name().map(str::to_owned));
+            let caller = request.extensions().get::<Caller>().cloned();
+            let identity = caller.as_ref().and_then(Caller::name);
             // A call whose deadline passed does no work at all. (The timer
             // below has millisecond ticks, so it cannot be trusted to fire
             // before the call is first polled.)
             if Instant::now() >= deadline {
-                return Ok(state.refuse(
-                    method,
-                    identity.as_deref(),
-                    started,
-                    Error::DeadlineExceeded,
-                ));
+                return Ok(state.refuse(method, identity, started, Error::DeadlineExceeded));
             }
             tokio::select! {
                 biased;
                 () = tokio::time::sleep_until(deadline) => {
-                    Ok(state.refuse(method, identity.as_deref(), started, Error::DeadlineExceeded))
+                    Ok(state.refuse(method, identity, started, Error::DeadlineExceeded))
                 }
                 response = inner.call(request) => response,
             }
