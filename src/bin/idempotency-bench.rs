@@ -336,9 +336,13 @@ impl Caller {
         }
     }
 
+    /// A key no run has used: the caller's id and its counter, zero-padded so
+    /// that a caller's keys are in index order, as pgbench's counters are
+    /// (unpadded, "w5-1000" would sort between "w5-100" and "w5-101", and a
+    /// batch would touch pages all over the index where pgbench's touches one).
     fn fresh_key(&mut self) -> String {
         self.next_key += 1;
-        format!("w{}-{}", self.id, self.next_key)
+        format!("w{:04}-{:012}", self.id, self.next_key)
     }
 
     fn claim_request(&self, key: String, lease_ttl: Option<Duration>) -> ClaimRequest {
