@@ -32,12 +32,21 @@ FROM (SELECT 1) AS clock
 LEFT JOIN idempotency_records AS r ON r.namespace = $1 AND r.key = $2";
 
 /// FETCH for many keys at once: one row per input, in input order.
+///
+/// One primary-key lookup per input, whatever the statistics say: as a plain
+/// join, the plan PostgreSQL caches for this prepared statement while the
+/// table is new (never analysed) is a hash join over a sequential scan, which
+/// then reads the whole table for every batch as it grows (30 ms for 100 keys
+/// at 200,000 rows, against 0.2 ms). `LIMIT 1` keeps the subquery from being
+/// flattened into such a join.
 const FETCH_MANY: &str = "
 SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
        r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS i(namespace, key, ord)
-LEFT JOIN idempotency_records AS r
-       ON r.namespace = i.namespace COLLATE \"C\" AND r.key = i.key COLLATE \"C\"
+LEFT JOIN LATERAL (
+    SELECT * FROM idempotency_records AS x
+    WHERE x.namespace = i.namespace COLLATE \"C\" AND x.key = i.key COLLATE \"C\"
+    LIMIT 1) AS r ON true
 ORDER BY i.ord";
 
 /// TRY_CLAIM for many distinct keys in one statement (the same rule, row by
@@ -454,7 +463,12 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "complete_many",
+                // Planned for each batch, not cached: the generic plan made
+                // while the table is new scans the whole table (see
+                // FETCH_MANY); a plan for the batch at hand looks rows up by
+                // key once the table has grown.
                 sqlx::query(COMPLETE_MANY)
+                    .persistent(false)
                     .bind(&namespaces)
                     .bind(&names)
                     .bind(&tokens)
