@@ -3,9 +3,11 @@
 //! outcome back into the wire types.
 //!
 //! Each call runs in a span (the parent taken from incoming W3C trace context)
-//! and ends with one log line and its metrics: method, namespace, outcome,
-//! fencing token, the caller's `x-request-id`, latency. Never response bytes,
-//! fingerprints or tokens.
+//! and ends with one log line and its metrics: method, namespace, the caller's
+//! identity, outcome, fencing token, the caller's `x-request-id`, latency.
+//! Never response bytes, fingerprints or tokens. Calls reach this adapter
+//! through `guard` (credentials, RPC grant, limits, deadline); the adapter
+//! checks each namespace against the caller's grant once the request parses.
 
 pub mod codec;
 #[cfg(test)]
