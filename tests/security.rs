@@ -451,11 +451,20 @@ async fn an_identity_over_its_rate_limit_gets_resource_exhausted() {
 
 #[tokio::test]
 async fn a_changed_policy_is_picked_up_and_a_broken_one_keeps_the_last_good_one() {
+    // The binary, so that its log shows when it has read the broken file.
     let dir = TempDir::new().unwrap();
     let callers = Callers::new();
-    let store = StoreFixture::new(Backend::Sqlite).await;
-    let server = TestServer::start(policy_config(&store, dir.path(), &callers.policy())).await;
-    let mut client = server.client.clone();
+    let log = dir.path().join("server.log");
+    let mut command = process::command(dir.path());
+    command
+        .env(
+            "IDEMPOTENCY_POLICY_FILE",
+            pki::write(dir.path(), "policy.toml", &callers.policy()),
+        )
+        .env("IDEMPOTENCY_RELOAD_INTERVAL", "100ms")
+        .stdout(std::fs::File::create(&log).unwrap());
+    let server = ServerProcess::start(command).await;
+    let mut client = server.client();
     let newcomer = new_token();
 
     let status = client
@@ -485,7 +494,13 @@ async fn a_changed_policy_is_picked_up_and_a_broken_one_keeps_the_last_good_one(
 
     // A broken file is refused; the last good policy stays in force.
     pki::write(dir.path(), "policy.toml", "[[identity]]\nname = 3\n");
-    tokio::time::sleep(Duration::from_millis(500)).await; // several reload intervals
+    let refused = eventually(Duration::from_secs(10), || async {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("the files changed but do not load")
+            .then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "the server never read the broken policy");
     let outcome = client
         .claim(as_caller(&newcomer, claim("team-c", "k2")))
         .await
@@ -498,7 +513,7 @@ async fn a_changed_policy_is_picked_up_and_a_broken_one_keeps_the_last_good_one(
 struct TlsSetup {
     dir: TempDir,
     ca: Ca,
-    _store: StoreFixture,
+    store: StoreFixture,
     server: TestServer,
 }
 
@@ -531,7 +546,7 @@ async fn tls_server(
     TlsSetup {
         dir,
         ca,
-        _store: store,
+        store,
         server,
     }
 }
@@ -597,7 +612,7 @@ async fn with_tls_on_plaintext_is_refused_and_tls_works() {
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Claimed);
-    assert_eq!(setup._store.row_count().await, 1);
+    assert_eq!(setup.store.row_count().await, 1);
 }
 
 #[tokio::test]
@@ -644,7 +659,7 @@ async fn mutual_tls_admits_the_policys_certificates_only() {
     .await
     .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
-    assert_eq!(setup._store.row_count().await, 1);
+    assert_eq!(setup.store.row_count().await, 1);
 }
 
 #[tokio::test]
