@@ -382,7 +382,7 @@ start_server warn warn
 # operation (load generator scenario) : the yardstick script : the script as sent today
 for pair in claim:claim:claim-as-sent \
   claim-complete:claim-complete:claim-complete-as-sent \
-  duplicate:duplicate-upsert:duplicate-select; do
+  duplicate:duplicate-upsert:duplicate-as-sent; do
   IFS=: read -r scenario yardstick as_sent <<<"$pair"
   for level in $levels; do
     measured pgbench_point "$yardstick" "$level"

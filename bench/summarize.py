@@ -22,7 +22,7 @@ import sys
 PAIRS = [
     ("claim", "Claim, fresh key", "claim", "claim-as-sent"),
     ("claim-complete", "Claim+Complete cycle", "claim-complete", "claim-complete-as-sent"),
-    ("duplicate", "duplicate Claim (replay)", "duplicate-upsert", "duplicate-select"),
+    ("duplicate", "duplicate Claim (replay)", "duplicate-upsert", "duplicate-as-sent"),
     # Keys per second on both sides: ClaimBatch of 100 against one statement
     # claiming 64 keys (the yardstick; the service sends FETCH_MANY then
     # TRY_CLAIM_MANY, for which there is no separate script).

@@ -14,7 +14,7 @@ use crate::domain::{
     Snapshot,
 };
 use crate::error::Error;
-use crate::store::Store;
+use crate::store::{FirstClaim, Store};
 
 /// How many read-then-guarded-write rounds a Claim makes before it gives up
 /// with ABORTED. Each lost round means the key changed in between (claimed,
@@ -56,9 +56,10 @@ impl<S: Store> Lifecycle<S> {
         Self { store, limits }
     }
 
-    /// Claim: read the key, answer from the read when it is decided (replay,
-    /// in progress, mismatch), else try the guarded claim. A lost race is read
-    /// again, so the loser learns who won.
+    /// Claim: insert the key if it has no record, else read it (one step),
+    /// answer from the read when it is decided (replay, in progress,
+    /// mismatch), else try the guarded claim. A lost race is read again, so
+    /// the loser learns who won.
     pub async fn claim(&self, request: ClaimRequest) -> Result<ClaimOutcome, Error> {
         let lease_ttl = self.limits.lease_ttl(request.lease_ttl)?;
         let retention = self.limits.claim_retention(request.retention)?;
@@ -70,11 +71,22 @@ impl<S: Store> Lifecycle<S> {
             lease_ttl,
             retention,
         };
+        let mut first = Some(self.store.claim_or_fetch(&new_lease).await?);
         for _ in 0..CLAIM_ROUNDS {
-            let snapshot = self
-                .store
-                .fetch(&new_lease.namespace, &new_lease.key)
-                .await?;
+            let snapshot = match first.take() {
+                Some(FirstClaim::Inserted(lease)) => {
+                    return Ok(ClaimOutcome::Claimed {
+                        lease,
+                        took_over: false,
+                    });
+                }
+                Some(FirstClaim::Found(snapshot)) => snapshot,
+                Some(FirstClaim::Raced) | None => {
+                    self.store
+                        .fetch(&new_lease.namespace, &new_lease.key)
+                        .await?
+                }
+            };
             match judge(snapshot, new_lease.fingerprint.as_ref()) {
                 Verdict::Answer(outcome) => return Ok(outcome),
                 Verdict::TryClaim { takeover } => {
@@ -145,51 +157,93 @@ impl<S: Store> Lifecycle<S> {
             });
         }
         let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; leases.len()];
-        let mut pending: Vec<usize> = (0..leases.len()).collect();
-        for _ in 0..CLAIM_ROUNDS {
-            if pending.is_empty() {
+        // Round one: one step inserts every absent key and reads the others.
+        // A key named again waits for the next round, which reads the lease
+        // its first occurrence took.
+        let mut seen = HashSet::with_capacity(leases.len());
+        let (firsts, mut again): (Vec<usize>, Vec<usize>) =
+            (0..leases.len()).partition(|&i| seen.insert((&leases[i].namespace, &leases[i].key)));
+        drop(seen);
+        let first = if again.is_empty() {
+            self.store.claim_or_fetch_many(&leases).await?
+        } else {
+            let tried: Vec<NewLease> = firsts.iter().map(|&i| leases[i].clone()).collect();
+            self.store.claim_or_fetch_many(&tried).await?
+        };
+        let mut read = Vec::new();
+        for (&i, result) in firsts.iter().zip(first) {
+            match result {
+                FirstClaim::Inserted(lease) => {
+                    outcomes[i] = Some(ClaimOutcome::Claimed {
+                        lease,
+                        took_over: false,
+                    })
+                }
+                FirstClaim::Found(snapshot) => read.push((i, snapshot)),
+                FirstClaim::Raced => again.push(i),
+            }
+        }
+        again.extend(self.settle(&leases, read, &mut outcomes).await?);
+        for _ in 1..CLAIM_ROUNDS {
+            if again.is_empty() {
                 break;
             }
-            let keys: Vec<(Namespace, Key)> = pending
+            again.sort_unstable();
+            let keys: Vec<(Namespace, Key)> = again
                 .iter()
                 .map(|&i| (leases[i].namespace.clone(), leases[i].key.clone()))
                 .collect();
             let snapshots = self.store.fetch_many(&keys).await?;
-            let mut attempts = Vec::new();
-            let mut again = Vec::new();
-            let mut trying = HashSet::new();
-            for (&i, snapshot) in pending.iter().zip(snapshots) {
-                match judge(snapshot, leases[i].fingerprint.as_ref()) {
-                    Verdict::Answer(outcome) => outcomes[i] = Some(outcome),
-                    Verdict::TryClaim { takeover } => {
-                        if trying.insert((&leases[i].namespace, &leases[i].key)) {
-                            attempts.push((i, takeover));
-                        } else {
-                            again.push(i);
-                        }
-                    }
-                }
-            }
-            let tried: Vec<NewLease> = attempts.iter().map(|&(i, _)| leases[i].clone()).collect();
-            let won = self.store.try_claim_many(&tried).await?;
-            for ((i, takeover), lease) in attempts.into_iter().zip(won) {
-                match lease {
-                    Some(lease) => {
-                        outcomes[i] = Some(ClaimOutcome::Claimed {
-                            lease,
-                            took_over: takeover,
-                        })
-                    }
-                    None => again.push(i),
-                }
-            }
-            again.sort_unstable();
-            pending = again;
+            let read = again.iter().copied().zip(snapshots).collect();
+            again = self.settle(&leases, read, &mut outcomes).await?;
         }
         outcomes
             .into_iter()
             .map(|outcome| outcome.ok_or(Error::Contended))
             .collect()
+    }
+
+    /// One round of `claim_many` after its read: answers the items the read
+    /// decides, tries the guarded claim for the others (one item per key), and
+    /// returns the items to read again.
+    async fn settle(
+        &self,
+        leases: &[NewLease],
+        read: Vec<(usize, Snapshot)>,
+        outcomes: &mut [Option<ClaimOutcome>],
+    ) -> Result<Vec<usize>, Error> {
+        let mut attempts = Vec::new();
+        let mut again = Vec::new();
+        let mut trying = HashSet::new();
+        for (i, snapshot) in read {
+            match judge(snapshot, leases[i].fingerprint.as_ref()) {
+                Verdict::Answer(outcome) => outcomes[i] = Some(outcome),
+                Verdict::TryClaim { takeover } => {
+                    if trying.insert((&leases[i].namespace, &leases[i].key)) {
+                        attempts.push((i, takeover));
+                    } else {
+                        again.push(i);
+                    }
+                }
+            }
+        }
+        if attempts.is_empty() {
+            return Ok(again);
+        }
+        let tried: Vec<NewLease> = attempts.iter().map(|&(i, _)| leases[i].clone()).collect();
+        let won = self.store.try_claim_many(&tried).await?;
+        for ((i, takeover), lease) in attempts.into_iter().zip(won) {
+            match lease {
+                Some(lease) => {
+                    outcomes[i] = Some(ClaimOutcome::Claimed {
+                        lease,
+                        took_over: takeover,
+                    })
+                }
+                None => again.push(i),
+            }
+        }
+        Ok(again)
     }
 
     /// Completes many keys at once (a CompleteBatch, or calls coalesced).

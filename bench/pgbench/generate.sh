@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Writes the pgbench scripts of bench/compare.sh from the SQL the PostgreSQL
-# store sends (the FETCH, TRY_CLAIM and COMPLETE constants of
+# store sends (the CLAIM_OR_FETCH, TRY_CLAIM and COMPLETE constants of
 # src/store/postgres.rs), so that pgbench runs exactly those statements.
 #
 #   bench/pgbench/generate.sh [OUT_DIR [STORE_SOURCE]]
@@ -19,8 +19,9 @@
 # retention when the caller sends none (the load generator sends none), so
 # those become typed NULLs.
 #
-# claim-unnest64.sql is not generated: the store has no batch statement yet,
-# so it is the issue's yardstick, written by hand from TRY_CLAIM.
+# claim-unnest64.sql is not generated: pgbench cannot bind an array it
+# builds, so it is the issue's 64-key yardstick, written by hand from
+# TRY_CLAIM_MANY's upsert with the keys built in SQL.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-bench/pgbench}"
@@ -40,13 +41,15 @@ bind() {
   sed "$@"
 }
 
-FETCH=$(extract FETCH | bind -e 's/\$1\b/:ns::text/g' -e 's/\$2\b/:k::text/g')
 TRY_CLAIM=$(extract TRY_CLAIM | bind -e 's/\$1\b/:ns::text/g' -e 's/\$2\b/:k::text/g' \
+  -e 's/\$3\b/:token::bytea/g' -e 's/\$4\b/NULL::bytea/g' \
+  -e 's/\$5\b/:ttl_us::bigint/g' -e 's/\$6\b/:ret_us::bigint/g')
+CLAIM_OR_FETCH=$(extract CLAIM_OR_FETCH | bind -e 's/\$1\b/:ns::text/g' -e 's/\$2\b/:k::text/g' \
   -e 's/\$3\b/:token::bytea/g' -e 's/\$4\b/NULL::bytea/g' \
   -e 's/\$5\b/:ttl_us::bigint/g' -e 's/\$6\b/:ret_us::bigint/g')
 COMPLETE=$(extract COMPLETE | bind -e 's/\$1\b/:ns::text/g' -e 's/\$2\b/:k::text/g' \
   -e 's/\$3\b/:token::bytea/g' -e 's/\$4\b/:resp::bytea/g' -e 's/\$5\b/NULL::bigint/g')
-for name in FETCH TRY_CLAIM COMPLETE; do
+for name in CLAIM_OR_FETCH TRY_CLAIM COMPLETE; do
   if [[ -z "${!name}" ]]; then
     echo "generate.sh: could not find const $name in $src" >&2
     exit 1
@@ -76,13 +79,13 @@ write() {
 
 write claim "One claim of a fresh key: TRY_CLAIM alone (the issue's single-claim yardstick)." \
   "$FRESH_KEY" "$TRY_CLAIM"
-write claim-as-sent "A fresh Claim as the service sends it today: FETCH, then TRY_CLAIM." \
-  "$FRESH_KEY" "$FETCH" "$TRY_CLAIM"
+write claim-as-sent "A fresh Claim as the service sends it: CLAIM_OR_FETCH (inserts the absent key)." \
+  "$FRESH_KEY" "$CLAIM_OR_FETCH"
 write claim-complete "A claim+complete cycle: TRY_CLAIM then COMPLETE (the issue's two-statement yardstick)." \
   "$FRESH_KEY" "$TRY_CLAIM" "$COMPLETE"
-write claim-complete-as-sent "A Claim+Complete cycle as the service sends it today: FETCH, TRY_CLAIM, COMPLETE." \
-  "$FRESH_KEY" "$FETCH" "$TRY_CLAIM" "$COMPLETE"
+write claim-complete-as-sent "A Claim+Complete cycle as the service sends it: CLAIM_OR_FETCH, then COMPLETE." \
+  "$FRESH_KEY" "$CLAIM_OR_FETCH" "$COMPLETE"
 write duplicate-upsert "A duplicate answered by the upsert: TRY_CLAIM on a completed key (its WHERE rejects it)." \
   "$DUPLICATE_KEY" "$TRY_CLAIM"
-write duplicate-select "A duplicate answered by a read, as the service sends it today: FETCH of a completed key." \
-  "$DUPLICATE_KEY" "$FETCH"
+write duplicate-as-sent "A duplicate as the service sends it: CLAIM_OR_FETCH on a completed key (reads it, writes nothing)." \
+  "$DUPLICATE_KEY" "$CLAIM_OR_FETCH"

@@ -1,7 +1,8 @@
 //! Coalescing: concurrent single calls sent to the database as one statement
-//! per kind. A store decorator: `Coalesced<S>` answers `fetch`, `try_claim`
-//! and `complete` by queueing the call, and worker tasks turn whatever is
-//! queued into one `fetch_many`, `try_claim_many` or `complete_many`.
+//! per kind. A store decorator: `Coalesced<S>` answers `claim_or_fetch`,
+//! `fetch`, `try_claim` and `complete` by queueing the call, and worker tasks
+//! turn whatever is queued into one `claim_or_fetch_many`, `fetch_many`,
+//! `try_claim_many` or `complete_many`.
 //!
 //! Each call keeps its own semantics: the set-based statements apply the same
 //! guard row by row, and a key named twice in one batch is tried once (the
@@ -17,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tracing::Instrument;
 
-use super::{PoolStatus, Store, StoreStats};
+use super::{FirstClaim, PoolStatus, Store, StoreStats};
 use crate::domain::{
     Completion, Key, Lease, LeaseToken, Namespace, NewLease, RecordState, Snapshot,
 };
@@ -119,6 +120,7 @@ async fn next_batch<T>(
 pub struct Coalesced<S> {
     inner: S,
     fetches: Arc<Batcher<(Namespace, Key), Snapshot>>,
+    firsts: Arc<Batcher<NewLease, FirstClaim>>,
     claims: Arc<Batcher<NewLease, Option<Lease>>>,
     completions: Arc<Batcher<Completion, Option<SystemTime>>>,
 }
@@ -130,6 +132,11 @@ impl<S: Store> Coalesced<S> {
         let fetches = Batcher::spawn(options, move |keys: Vec<(Namespace, Key)>| {
             let store = store.clone();
             async move { store.fetch_many(&keys).await }
+        });
+        let store = inner.clone();
+        let firsts = Batcher::spawn(options, move |leases: Vec<NewLease>| {
+            let store = store.clone();
+            async move { store.claim_or_fetch_many(&leases).await }
         });
         let store = inner.clone();
         let claims = Batcher::spawn(options, move |leases: Vec<NewLease>| {
@@ -144,6 +151,7 @@ impl<S: Store> Coalesced<S> {
         Self {
             inner,
             fetches: Arc::new(fetches),
+            firsts: Arc::new(firsts),
             claims: Arc::new(claims),
             completions: Arc::new(completions),
         }
@@ -171,6 +179,17 @@ impl<S: Store> Store for Coalesced<S> {
             .call((namespace.clone(), key.clone()))
             .instrument(queued("fetch"))
             .await
+    }
+
+    async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
+        self.firsts
+            .call(lease.clone())
+            .instrument(queued("claim_or_fetch"))
+            .await
+    }
+
+    async fn claim_or_fetch_many(&self, leases: &[NewLease]) -> Result<Vec<FirstClaim>, Error> {
+        self.inner.claim_or_fetch_many(leases).await
     }
 
     async fn try_claim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {

@@ -76,6 +76,42 @@ pub trait Store: Clone + Send + Sync + 'static {
         lease_ttl: Duration,
     ) -> impl Future<Output = Result<Option<SystemTime>, Error>> + Send;
 
+    /// A Claim's first step in one round trip where the store can: inserts
+    /// the key with `lease` when it has no record, else reads the record
+    /// (expired or not) without writing. The default reads, then tries the
+    /// guarded claim when the read found nothing.
+    fn claim_or_fetch(
+        &self,
+        lease: &NewLease,
+    ) -> impl Future<Output = Result<FirstClaim, Error>> + Send {
+        async move {
+            let snapshot = self.fetch(&lease.namespace, &lease.key).await?;
+            if snapshot.record.is_some() {
+                return Ok(FirstClaim::Found(snapshot));
+            }
+            Ok(match self.try_claim(lease).await? {
+                Some(lease) => FirstClaim::Inserted(lease),
+                None => FirstClaim::Raced,
+            })
+        }
+    }
+
+    /// `claim_or_fetch` for many leases, answered in order. A set-based
+    /// override may answer `Raced` for a key named again after its first
+    /// occurrence; the lifecycle reads such items again.
+    fn claim_or_fetch_many(
+        &self,
+        leases: &[NewLease],
+    ) -> impl Future<Output = Result<Vec<FirstClaim>, Error>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(leases.len());
+            for lease in leases {
+                results.push(self.claim_or_fetch(lease).await?);
+            }
+            Ok(results)
+        }
+    }
+
     /// `fetch` for many keys, answered in order. The default reads them one by
     /// one; a store with a set-based statement overrides it.
     fn fetch_many(
@@ -158,6 +194,19 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Closes the connections, waiting for those in use.
     fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// What a Claim's first step found.
+#[derive(Debug, Clone)]
+pub enum FirstClaim {
+    /// The key had no record: it is now claimed with the offered lease.
+    Inserted(Lease),
+    /// The key has a record (expired or not), read with the store's clock;
+    /// nothing was written.
+    Found(Snapshot),
+    /// A record appeared between the step's read and its write (or the key
+    /// was named twice in one batch): read it again.
+    Raced,
 }
 
 /// Unexpired records of one namespace in one state.

@@ -8,14 +8,18 @@
 //! the latest row version after taking the row lock, which is what makes
 //! "exactly one winner" hold across replicas.
 
-use std::collections::{HashMap, HashSet};
-use std::time::{Duration, SystemTime};
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{ConnectOptions, Row};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::{ConnectOptions, Postgres, Row};
 use time::OffsetDateTime;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
-use super::{Budget, PoolStatus, StateCount, Store, StoreOptions, StoreStats, micros};
+use super::{Budget, FirstClaim, PoolStatus, StateCount, Store, StoreOptions, StoreStats, micros};
 use crate::domain::{
     Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState,
     Snapshot,
@@ -48,6 +52,73 @@ LEFT JOIN LATERAL (
     WHERE x.namespace = i.namespace COLLATE \"C\" AND x.key = i.key COLLATE \"C\"
     LIMIT 1) AS r ON true
 ORDER BY i.ord";
+
+/// A Claim's first step: inserts the key when it has no row, else reads the
+/// row, in one round trip. `ON CONFLICT DO NOTHING` checks the key before it
+/// writes anything, so a duplicate takes no row lock, no transaction id and
+/// no WAL: it costs a read, as the replay should. Every part of the statement
+/// sees one snapshot, so the SELECT never sees the row the INSERT just wrote;
+/// a row committed after the snapshot was taken makes the INSERT do nothing
+/// and stays unseen by the SELECT: no row comes back, and the caller reads
+/// again. `NOT EXISTS` covers a row the reaper deleted meanwhile.
+const CLAIM_OR_FETCH: &str = "
+WITH inserted AS (
+    INSERT INTO idempotency_records AS r
+        (namespace, key, state, fencing_token, lease_token, fingerprint, response, retention_us,
+         lease_expires_at, expires_at, created_at, updated_at)
+    VALUES ($1, $2, 1, 1, $3, $4, NULL, $6,
+            now() + $5::float8 * interval '1 microsecond',
+            now() + ($5 + $6)::float8 * interval '1 microsecond',
+            now(), now())
+    ON CONFLICT (namespace, key) DO NOTHING
+    RETURNING fencing_token, lease_expires_at, expires_at)
+SELECT true AS inserted, now() AS now, NULL::int2 AS state, i.fencing_token,
+       NULL::bytea AS lease_token, NULL::bytea AS fingerprint, NULL::bytea AS response,
+       NULL::int8 AS retention_us, i.lease_expires_at, i.expires_at,
+       NULL::timestamptz AS created_at, NULL::timestamptz AS updated_at
+FROM inserted AS i
+UNION ALL
+SELECT false, now(), r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
+       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at
+FROM idempotency_records AS r
+WHERE r.namespace = $1 AND r.key = $2 AND NOT EXISTS (SELECT FROM inserted)";
+
+/// CLAIM_OR_FETCH for many distinct keys in one statement: one row per key
+/// that was inserted or found, tagged with its position in the input (a key
+/// with neither raced, as above). Keys are inserted in key order, so
+/// concurrent batches wait on each other's new keys in the same order and
+/// cannot deadlock. The existing rows are looked up one by one, as in
+/// FETCH_MANY.
+const CLAIM_OR_FETCH_MANY: &str = "
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::int8[], $6::int8[])
+         WITH ORDINALITY AS i(namespace, key, lease_token, fingerprint, lease_us, retention_us, ord)),
+inserted AS (
+    INSERT INTO idempotency_records AS r
+        (namespace, key, state, fencing_token, lease_token, fingerprint, response, retention_us,
+         lease_expires_at, expires_at, created_at, updated_at)
+    SELECT i.namespace, i.key, 1, 1, i.lease_token, i.fingerprint, NULL, i.retention_us,
+           now() + i.lease_us::float8 * interval '1 microsecond',
+           now() + (i.lease_us + i.retention_us)::float8 * interval '1 microsecond',
+           now(), now()
+    FROM input AS i
+    ORDER BY i.namespace COLLATE \"C\", i.key COLLATE \"C\"
+    ON CONFLICT (namespace, key) DO NOTHING
+    RETURNING namespace, key, fencing_token, lease_expires_at, expires_at)
+SELECT i.ord, true AS inserted, now() AS now, NULL::int2 AS state, n.fencing_token,
+       NULL::bytea AS lease_token, NULL::bytea AS fingerprint, NULL::bytea AS response,
+       NULL::int8 AS retention_us, n.lease_expires_at, n.expires_at,
+       NULL::timestamptz AS created_at, NULL::timestamptz AS updated_at
+FROM input AS i
+JOIN inserted AS n ON n.namespace = i.namespace COLLATE \"C\" AND n.key = i.key COLLATE \"C\"
+UNION ALL
+SELECT i.ord, false, now(), r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
+       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at
+FROM input AS i
+JOIN LATERAL (
+    SELECT * FROM idempotency_records AS x
+    WHERE x.namespace = i.namespace COLLATE \"C\" AND x.key = i.key COLLATE \"C\"
+    LIMIT 1) AS r ON true";
 
 /// TRY_CLAIM for many distinct keys in one statement (the same rule, row by
 /// row). Rows come in key order, so concurrent batches lock rows in the same
@@ -187,8 +258,111 @@ FROM idempotency_records";
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    connections: Arc<Connections>,
     max_connections: u32,
     budget: Budget,
+}
+
+/// How long a connection may go from statement to statement outside the
+/// pool before it is handed back, so the pool's lifetime and idle rules still
+/// reach it.
+const HOLD_FOR: Duration = Duration::from_secs(60);
+
+/// The connections of the statements on the call path. sqlx 0.8 tests every
+/// connection handed back to its pool with a round trip to the database
+/// before anyone may have it again: one extra round trip per statement. A
+/// connection whose statement ran to its end is in a known clean state, so
+/// it is kept here instead and the next statement takes it at once. A
+/// statement that failed, or was cancelled with its call, drops its
+/// connection into the pool, which tests it as before.
+struct Connections {
+    pool: PgPool,
+    /// One permit per connection the pool may open: statements wait here in
+    /// arrival order, whether their connection then comes from `kept` or
+    /// from the pool.
+    permits: Semaphore,
+    kept: std::sync::Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
+}
+
+impl Connections {
+    async fn take(&self) -> Result<Held<'_>, sqlx::Error> {
+        let permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let (connection, since) = match kept {
+            Some(kept) => kept,
+            None => (self.pool.acquire().await?, Instant::now()),
+        };
+        Ok(Held {
+            connection: Some((connection, since)),
+            owner: self,
+            _permit: permit,
+        })
+    }
+
+    fn kept(&self) -> usize {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Hands every kept connection back to the pool (to close it).
+    fn release_all(&self) {
+        self.permits.close();
+        self.kept.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+/// A connection taken for one statement. Dropped without `keep`, it goes
+/// back to the pool, which tests it.
+struct Held<'a> {
+    connection: Option<(PoolConnection<Postgres>, Instant)>,
+    owner: &'a Connections,
+    _permit: SemaphorePermit<'a>,
+}
+
+impl Held<'_> {
+    /// The statement ran to its end: keep the connection for the next one.
+    fn keep(mut self) {
+        if let Some((connection, since)) = self.connection.take()
+            && since.elapsed() < HOLD_FOR
+            && !self.owner.permits.is_closed()
+        {
+            self.owner
+                .kept
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((connection, since));
+        }
+    }
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.connection.as_ref().expect("held until dropped").0
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.connection.as_mut().expect("held until dropped").0
+    }
+}
+
+/// Runs one statement on a held connection: `held!(store, |conn| query...
+/// .fetch_one(conn))`, inside `Budget::run`.
+macro_rules! held {
+    ($store:expr, |$conn:ident| $statement:expr) => {
+        async {
+            let mut held = $store.connections.take().await?;
+            let $conn = &mut *held;
+            let result = $statement.await?;
+            held.keep();
+            Ok::<_, sqlx::Error>(result)
+        }
+    };
 }
 
 impl PostgresStore {
@@ -212,10 +386,16 @@ impl PostgresStore {
             .acquire_timeout(options.timeout)
             // sqlx pings every connection it hands out unless told not to: a
             // second round trip per call. Broken connections are still found,
-            // by the ping sqlx makes when a connection is returned.
+            // by the ping sqlx makes when a failed statement's connection is
+            // returned (see `Connections`).
             .test_before_acquire(false)
             .connect_lazy_with(connect_options);
         Self {
+            connections: Arc::new(Connections {
+                pool: pool.clone(),
+                permits: Semaphore::new(options.pool_size as usize),
+                kept: std::sync::Mutex::default(),
+            }),
             pool,
             max_connections: options.pool_size,
             budget: Budget::new("postgresql", options.timeout),
@@ -249,24 +429,46 @@ fn token_from(bytes: Vec<u8>) -> Result<LeaseToken, Error> {
         .map_err(|_| Error::Internal("a stored lease token is not 16 bytes".into()))
 }
 
-/// The positions of the first occurrence of each identity, in byte order of
-/// (namespace, key): the order rows are locked in.
-fn distinct_in_key_order<T, I: Eq + std::hash::Hash>(
-    items: &[T],
-    key: impl Fn(&T) -> (&Namespace, &Key),
-    identity: impl Fn(&T) -> I,
-) -> Vec<usize> {
-    let mut seen = HashSet::with_capacity(items.len());
-    let mut order: Vec<usize> = (0..items.len())
-        .filter(|&i| seen.insert(identity(&items[i])))
-        .collect();
-    order.sort_by(|&a, &b| {
-        let (na, ka) = key(&items[a]);
-        let (nb, kb) = key(&items[b]);
-        (na.as_str().as_bytes(), ka.as_str().as_bytes())
-            .cmp(&(nb.as_str().as_bytes(), kb.as_str().as_bytes()))
-    });
+/// The positions of the first occurrence of each item, in the order `cmp`
+/// sorts them (items it finds equal are one): the order rows are locked in
+/// when `cmp` starts with (namespace, key) in byte order.
+fn distinct_in_key_order<T>(items: &[T], cmp: impl Fn(&T, &T) -> Ordering) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    // Stable: of equal items, the first occurrence stays first and is kept.
+    order.sort_by(|&a, &b| cmp(&items[a], &items[b]));
+    order.dedup_by(|later, kept| cmp(&items[*later], &items[*kept]).is_eq());
     order
+}
+
+/// (namespace, key) in byte order.
+fn by_key(a: (&Namespace, &Key), b: (&Namespace, &Key)) -> Ordering {
+    (a.0.as_str().as_bytes(), a.1.as_str().as_bytes())
+        .cmp(&(b.0.as_str().as_bytes(), b.1.as_str().as_bytes()))
+}
+
+fn lease_from_row(row: &PgRow, lease_token: LeaseToken) -> Result<Lease, Error> {
+    let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+    Ok(Lease {
+        lease_token,
+        fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
+        lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
+        expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+    })
+}
+
+/// One row of CLAIM_OR_FETCH(_MANY): the new lease, or the record found.
+fn first_claim_from_row(row: &PgRow, lease: &NewLease) -> Result<FirstClaim, Error> {
+    let inserted: bool = row
+        .try_get("inserted")
+        .map_err(|e| Error::Internal(Box::new(e)))?;
+    if inserted {
+        Ok(FirstClaim::Inserted(lease_from_row(
+            row,
+            lease.lease_token,
+        )?))
+    } else {
+        Ok(FirstClaim::Found(snapshot_from_row(row)?))
+    }
 }
 
 fn snapshot_from_row(row: &PgRow) -> Result<Snapshot, Error> {
@@ -309,10 +511,10 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "fetch",
-                sqlx::query(FETCH)
+                held!(self, |conn| sqlx::query(FETCH)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
-                    .fetch_one(&self.pool),
+                    .fetch_one(conn)),
             )
             .await?;
         snapshot_from_row(&row)
@@ -323,26 +525,95 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "try_claim",
-                sqlx::query(TRY_CLAIM)
+                held!(self, |conn| sqlx::query(TRY_CLAIM)
                     .bind(lease.namespace.as_str())
                     .bind(lease.key.as_str())
                     .bind(lease.lease_token.as_bytes().as_slice())
                     .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
                     .bind(micros(lease.lease_ttl))
                     .bind(micros(lease.retention))
-                    .fetch_optional(&self.pool),
+                    .fetch_optional(conn)),
             )
             .await?;
-        row.map(|row| {
-            let get = |e: sqlx::Error| Error::Internal(Box::new(e));
-            Ok(Lease {
-                lease_token: lease.lease_token,
-                fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
-                lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
-                expires_at: system_time(row.try_get("expires_at").map_err(get)?),
-            })
-        })
-        .transpose()
+        row.map(|row| lease_from_row(&row, lease.lease_token))
+            .transpose()
+    }
+
+    async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
+        let row = self
+            .budget
+            .run(
+                "claim_or_fetch",
+                held!(self, |conn| sqlx::query(CLAIM_OR_FETCH)
+                    .bind(lease.namespace.as_str())
+                    .bind(lease.key.as_str())
+                    .bind(lease.lease_token.as_bytes().as_slice())
+                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                    .bind(micros(lease.lease_ttl))
+                    .bind(micros(lease.retention))
+                    .fetch_optional(conn)),
+            )
+            .await?;
+        match row {
+            Some(row) => first_claim_from_row(&row, lease),
+            None => Ok(FirstClaim::Raced),
+        }
+    }
+
+    async fn claim_or_fetch_many(&self, leases: &[NewLease]) -> Result<Vec<FirstClaim>, Error> {
+        if let [lease] = leases {
+            return Ok(vec![self.claim_or_fetch(lease).await?]);
+        }
+        // A key named again is left `Raced`: the lifecycle reads it again.
+        let order = distinct_in_key_order(leases, |a, b| {
+            by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
+        });
+        let pick =
+            |f: fn(&NewLease) -> i64| order.iter().map(|&i| f(&leases[i])).collect::<Vec<_>>();
+        let namespaces: Vec<&str> = order
+            .iter()
+            .map(|&i| leases[i].namespace.as_str())
+            .collect();
+        let names: Vec<&str> = order.iter().map(|&i| leases[i].key.as_str()).collect();
+        let tokens: Vec<&[u8]> = order
+            .iter()
+            .map(|&i| leases[i].lease_token.as_bytes().as_slice())
+            .collect();
+        let fingerprints: Vec<Option<&[u8]>> = order
+            .iter()
+            .map(|&i| leases[i].fingerprint.as_ref().map(Fingerprint::as_bytes))
+            .collect();
+        let rows = self
+            .budget
+            .run(
+                "claim_or_fetch_many",
+                held!(self, |conn| sqlx::query(CLAIM_OR_FETCH_MANY)
+                    .bind(&namespaces)
+                    .bind(&names)
+                    .bind(&tokens)
+                    .bind(&fingerprints)
+                    .bind(pick(|l| micros(l.lease_ttl)))
+                    .bind(pick(|l| micros(l.retention)))
+                    .fetch_all(conn)),
+            )
+            .await?;
+        let mut results = vec![FirstClaim::Raced; leases.len()];
+        for row in &rows {
+            let ord: i64 = row
+                .try_get("ord")
+                .map_err(|e| Error::Internal(Box::new(e)))?;
+            let i = usize::try_from(ord - 1)
+                .ok()
+                .and_then(|position| order.get(position).copied())
+                .ok_or_else(|| Error::Internal("a batch row names no input".into()))?;
+            match first_claim_from_row(row, &leases[i])? {
+                // The reaper deleted the row this snapshot still shows, and the
+                // insert took the key: the insert is what holds.
+                FirstClaim::Found(_) if matches!(results[i], FirstClaim::Inserted(_)) => {}
+                result => results[i] = result,
+            }
+        }
+        Ok(results)
     }
 
     async fn fetch_many(&self, keys: &[(Namespace, Key)]) -> Result<Vec<Snapshot>, Error> {
@@ -357,10 +628,10 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "fetch_many",
-                sqlx::query(FETCH_MANY)
+                held!(self, |conn| sqlx::query(FETCH_MANY)
                     .bind(&namespaces)
                     .bind(&names)
-                    .fetch_all(&self.pool),
+                    .fetch_all(conn)),
             )
             .await?;
         rows.iter().map(snapshot_from_row).collect()
@@ -371,11 +642,9 @@ impl Store for PostgresStore {
             return Ok(vec![self.try_claim(lease).await?]);
         }
         // One lease per key: a statement cannot take the same row twice.
-        let order = distinct_in_key_order(
-            leases,
-            |l| (&l.namespace, &l.key),
-            |l| (l.namespace.clone(), l.key.clone()),
-        );
+        let order = distinct_in_key_order(leases, |a, b| {
+            by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
+        });
         let pick =
             |f: fn(&NewLease) -> i64| order.iter().map(|&i| f(&leases[i])).collect::<Vec<_>>();
         let namespaces: Vec<&str> = order
@@ -395,14 +664,14 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "try_claim_many",
-                sqlx::query(TRY_CLAIM_MANY)
+                held!(self, |conn| sqlx::query(TRY_CLAIM_MANY)
                     .bind(&namespaces)
                     .bind(&names)
                     .bind(&tokens)
                     .bind(&fingerprints)
                     .bind(pick(|l| micros(l.lease_ttl)))
                     .bind(pick(|l| micros(l.retention)))
-                    .fetch_all(&self.pool),
+                    .fetch_all(conn)),
             )
             .await?;
         let get = |e: sqlx::Error| Error::Internal(Box::new(e));
@@ -420,12 +689,7 @@ impl Store for PostgresStore {
                 lease.key.as_str().to_owned(),
             ));
             if let Some(row) = won_row {
-                results[i] = Some(Lease {
-                    lease_token: lease.lease_token,
-                    fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
-                    lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
-                    expires_at: system_time(row.try_get("expires_at").map_err(get)?),
-                });
+                results[i] = Some(lease_from_row(row, lease.lease_token)?);
             }
         }
         Ok(results)
@@ -437,11 +701,10 @@ impl Store for PostgresStore {
     ) -> Result<Vec<Option<SystemTime>>, Error> {
         // Different tokens for one key may share the statement (at most one is
         // current); a repeat of the same token is answered by the lifecycle.
-        let order = distinct_in_key_order(
-            completions,
-            |c| (&c.namespace, &c.key),
-            |c| (c.namespace.clone(), c.key.clone(), c.lease_token),
-        );
+        let order = distinct_in_key_order(completions, |a, b| {
+            by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
+                .then_with(|| a.lease_token.as_bytes().cmp(b.lease_token.as_bytes()))
+        });
         let namespaces: Vec<&str> = order
             .iter()
             .map(|&i| completions[i].namespace.as_str())
@@ -467,14 +730,14 @@ impl Store for PostgresStore {
                 // while the table is new scans the whole table (see
                 // FETCH_MANY); a plan for the batch at hand looks rows up by
                 // key once the table has grown.
-                sqlx::query(COMPLETE_MANY)
+                held!(self, |conn| sqlx::query(COMPLETE_MANY)
                     .persistent(false)
                     .bind(&namespaces)
                     .bind(&names)
                     .bind(&tokens)
                     .bind(&responses)
                     .bind(&retentions)
-                    .fetch_all(&self.pool),
+                    .fetch_all(conn)),
             )
             .await?;
         let get = |e: sqlx::Error| Error::Internal(Box::new(e));
@@ -512,13 +775,13 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "complete",
-                sqlx::query_scalar(COMPLETE)
+                held!(self, |conn| sqlx::query_scalar(COMPLETE)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(token.as_bytes().as_slice())
                     .bind(response)
                     .bind(retention.map(micros))
-                    .fetch_optional(&self.pool),
+                    .fetch_optional(conn)),
             )
             .await?;
         Ok(expires_at.map(system_time))
@@ -534,11 +797,11 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "release",
-                sqlx::query(RELEASE)
+                held!(self, |conn| sqlx::query(RELEASE)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(token.as_bytes().as_slice())
-                    .execute(&self.pool),
+                    .execute(conn)),
             )
             .await?;
         Ok(done.rows_affected() == 1)
@@ -555,12 +818,12 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "extend_lease",
-                sqlx::query_scalar(EXTEND_LEASE)
+                held!(self, |conn| sqlx::query_scalar(EXTEND_LEASE)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(token.as_bytes().as_slice())
                     .bind(micros(lease_ttl))
-                    .fetch_optional(&self.pool),
+                    .fetch_optional(conn)),
             )
             .await?;
         Ok(lease_expires_at.map(system_time))
@@ -582,10 +845,10 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "purge",
-                sqlx::query_scalar(PURGE)
+                held!(self, |conn| sqlx::query_scalar(PURGE)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
-                    .fetch_optional(&self.pool),
+                    .fetch_optional(conn)),
             )
             .await?;
         state.map(state_from).transpose()
@@ -629,7 +892,7 @@ impl Store for PostgresStore {
     fn pool_status(&self) -> PoolStatus {
         PoolStatus {
             size: self.pool.size(),
-            idle: self.pool.num_idle() as u32,
+            idle: self.pool.num_idle() as u32 + self.connections.kept() as u32,
             max: self.max_connections,
             in_flight: self.budget.in_flight(),
         }
@@ -643,6 +906,27 @@ impl Store for PostgresStore {
     }
 
     async fn close(&self) {
+        self.connections.release_all();
         self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distinct_items_come_in_key_order_keeping_each_first_occurrence() {
+        let items = [
+            ("n", "b", 1),
+            ("n", "a", 2),
+            ("m", "z", 3),
+            ("n", "b", 4),
+            ("n", "a", 5),
+        ];
+        let order = distinct_in_key_order(&items, |x, y| (x.0, x.1).cmp(&(y.0, y.1)));
+        assert_eq!(order, [2, 1, 0]);
+        let by_all = distinct_in_key_order(&items, |x, y| (x.0, x.1, x.2).cmp(&(y.0, y.1, y.2)));
+        assert_eq!(by_all, [2, 1, 4, 0, 3]);
     }
 }
