@@ -212,6 +212,11 @@ pub struct Config {
     #[arg(long, env = "IDEMPOTENCY_COALESCE_WINDOW", default_value = "0s", value_parser = humantime::parse_duration)]
     pub coalesce_window: Duration,
 
+    /// Coalesced statements of one kind in flight at once. Few is the point:
+    /// calls that arrive while every worker is busy wait and go together.
+    #[arg(long, env = "IDEMPOTENCY_COALESCE_WORKERS", default_value_t = 2)]
+    pub coalesce_workers: usize,
+
     /// The most items in one ClaimBatch or CompleteBatch.
     #[arg(long, env = "IDEMPOTENCY_MAX_BATCH_ITEMS", default_value_t = 500)]
     pub max_batch_items: usize,
@@ -256,7 +261,7 @@ impl Config {
         crate::store::coalesce::CoalesceOptions {
             max_batch: self.coalesce_max_batch,
             window: self.coalesce_window,
-            workers: self.db_pool_size as usize,
+            workers: self.coalesce_workers,
         }
     }
 

@@ -32,7 +32,7 @@ pub struct CoalesceOptions {
     /// How long a worker waits for more calls when its batch is not full.
     /// Zero (the default) never waits: batch only what is already queued.
     pub window: Duration,
-    /// Statements of one kind in flight at once (the pool size is a good value).
+    /// Statements of one kind in flight at once.
     pub workers: usize,
 }
 

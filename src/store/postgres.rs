@@ -194,17 +194,10 @@ SET state = 2, response = $4, lease_expires_at = NULL,
 WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
 RETURNING expires_at";
 
-/// COMPLETE for many distinct keys in one statement.
+/// COMPLETE for many keys in one statement, item after item (the function
+/// is in the migrations, with why it is one).
 const COMPLETE_MANY: &str = "
-UPDATE idempotency_records AS r
-SET state = 2, response = i.response, lease_expires_at = NULL,
-    expires_at = now() + coalesce(i.retention_us, r.retention_us)::float8 * interval '1 microsecond',
-    updated_at = now()
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::int8[])
-     AS i(namespace, key, lease_token, response, retention_us)
-WHERE r.namespace = i.namespace COLLATE \"C\" AND r.key = i.key COLLATE \"C\"
-  AND r.state = 1 AND r.lease_token = i.lease_token AND r.expires_at > now()
-RETURNING r.namespace, r.key, r.lease_token, r.expires_at";
+SELECT item, new_expires_at FROM idempotency_complete_many($1, $2, $3, $4, $5)";
 
 /// Released records stay for their retention, so a late duplicate with another
 /// payload is still told about the mismatch, and the fencing counter goes on.
@@ -699,8 +692,8 @@ impl Store for PostgresStore {
         &self,
         completions: &[Completion],
     ) -> Result<Vec<Option<SystemTime>>, Error> {
-        // Different tokens for one key may share the statement (at most one is
-        // current); a repeat of the same token is answered by the lifecycle.
+        // In key order, so concurrent batches lock rows in the same order. A
+        // repeat of the same key and token is answered by the lifecycle.
         let order = distinct_in_key_order(completions, |a, b| {
             by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
                 .then_with(|| a.lease_token.as_bytes().cmp(b.lease_token.as_bytes()))
@@ -722,16 +715,11 @@ impl Store for PostgresStore {
             .iter()
             .map(|&i| completions[i].retention.map(micros))
             .collect();
-        let rows = self
+        let rows: Vec<(i32, OffsetDateTime)> = self
             .budget
             .run(
                 "complete_many",
-                // Planned for each batch, not cached: the generic plan made
-                // while the table is new scans the whole table (see
-                // FETCH_MANY); a plan for the batch at hand looks rows up by
-                // key once the table has grown.
-                held!(self, |conn| sqlx::query(COMPLETE_MANY)
-                    .persistent(false)
+                held!(self, |conn| sqlx::query_as(COMPLETE_MANY)
                     .bind(&namespaces)
                     .bind(&names)
                     .bind(&tokens)
@@ -740,25 +728,13 @@ impl Store for PostgresStore {
                     .fetch_all(conn)),
             )
             .await?;
-        let get = |e: sqlx::Error| Error::Internal(Box::new(e));
-        let mut done = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let namespace: String = row.try_get("namespace").map_err(get)?;
-            let key: String = row.try_get("key").map_err(get)?;
-            let token = token_from(row.try_get("lease_token").map_err(get)?)?;
-            let expires_at: OffsetDateTime = row.try_get("expires_at").map_err(get)?;
-            done.insert((namespace, key, token), system_time(expires_at));
-        }
         let mut results = vec![None; completions.len()];
-        for &i in &order {
-            let c = &completions[i];
-            results[i] = done
-                .get(&(
-                    c.namespace.as_str().to_owned(),
-                    c.key.as_str().to_owned(),
-                    c.lease_token,
-                ))
-                .copied();
+        for (item, expires_at) in rows {
+            let i = usize::try_from(item - 1)
+                .ok()
+                .and_then(|position| order.get(position).copied())
+                .ok_or_else(|| Error::Internal("a batch row names no input".into()))?;
+            results[i] = Some(system_time(expires_at));
         }
         Ok(results)
     }
