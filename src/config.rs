@@ -197,9 +197,9 @@ pub struct Config {
     pub shutdown_timeout: Duration,
 
     /// Coalesce concurrent Claims and Completes into one statement per kind
-    /// (PostgreSQL; the embedded store has a single writer anyway). Off by
-    /// default until the benchmarks show it wins (docs/benchmarks.md).
-    #[arg(long, env = "IDEMPOTENCY_COALESCE", default_value_t = false, action = clap::ArgAction::Set)]
+    /// (PostgreSQL; the embedded store has a single writer anyway). A lone
+    /// call still goes at once on its own (docs/benchmarks.md).
+    #[arg(long, env = "IDEMPOTENCY_COALESCE", default_value_t = true, action = clap::ArgAction::Set)]
     pub coalesce: bool,
 
     /// The most calls coalesced into one statement.

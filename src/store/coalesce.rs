@@ -6,16 +6,19 @@
 //!
 //! Each call keeps its own semantics: the set-based statements apply the same
 //! guard row by row, and a key named twice in one batch is tried once (the
-//! other call reads again and learns who won). A lone call is not delayed: a
-//! worker takes what is already queued and goes; batches form only when calls
-//! arrive faster than statements complete. A failed statement fails the calls
+//! other call reads again and learns who won). A lone call is not delayed: with
+//! a statement slot free and nothing queued it goes at once from its own task,
+//! and a worker takes what is already queued and goes; batches form only when
+//! calls arrive faster than statements complete. A failed statement fails the calls
 //! of its batch, and only those.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tracing::Instrument;
 
 use super::{FirstClaim, PoolStatus, Store, StoreStats};
@@ -38,24 +41,44 @@ pub struct CoalesceOptions {
 
 type Reply<R> = oneshot::Sender<Result<R, Error>>;
 
+/// Sends one batch to the store.
+type Run<T, R> = Arc<
+    dyn Fn(Vec<T>) -> Pin<Box<dyn Future<Output = Result<Vec<R>, Error>> + Send>> + Send + Sync,
+>;
+
 /// A queue of calls of one kind, and the workers that drain it.
 struct Batcher<T, R> {
     queue: mpsc::UnboundedSender<(T, Reply<R>)>,
+    /// Calls queued and not yet taken by a worker.
+    queued: Arc<AtomicUsize>,
+    /// One permit per statement of this kind in flight, whoever sends it.
+    slots: Arc<Semaphore>,
+    /// A lone call may skip the queue (no window to wait for company).
+    alone: bool,
+    workers: usize,
+    run: Run<T, R>,
 }
 
 impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     fn spawn<F, Fut>(options: CoalesceOptions, run: F) -> Self
     where
-        F: Fn(Vec<T>) -> Fut + Clone + Send + Sync + 'static,
-        Fut: Future<Output = Result<Vec<R>, Error>> + Send,
+        F: Fn(Vec<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<R>, Error>> + Send + 'static,
     {
+        let run: Run<T, R> = Arc::new(move |items| Box::pin(run(items)));
         let (queue, receiver) = mpsc::unbounded_channel();
         let receiver = Arc::new(Mutex::new(receiver));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let slots = Arc::new(Semaphore::new(options.workers.max(1)));
         for _ in 0..options.workers.max(1) {
             let receiver = receiver.clone();
+            let queued = queued.clone();
+            let slots = slots.clone();
             let run = run.clone();
             tokio::spawn(async move {
-                while let Some(batch) = next_batch(&receiver, options).await {
+                while let Some((batch, _slot)) =
+                    next_batch(&receiver, &queued, &slots, options).await
+                {
                     let (items, replies): (Vec<T>, Vec<Reply<R>>) = batch.into_iter().unzip();
                     match run(items).await {
                         Ok(results) => {
@@ -72,29 +95,55 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
                 }
             });
         }
-        Self { queue }
+        Self {
+            queue,
+            queued,
+            slots,
+            alone: options.window.is_zero(),
+            workers: options.workers.max(1),
+            run,
+        }
     }
 
+    /// Nothing of this kind queued or in flight: the call goes at once from
+    /// the caller's own task, without the hand-over to a worker and back.
+    /// Otherwise it queues, and a worker sends it with whatever else queued
+    /// (under load a lone statement would take a slot a batch could use).
     async fn call(&self, item: T) -> Result<R, Error> {
+        if self.alone
+            && self.queued.load(Ordering::Acquire) == 0
+            && self.slots.available_permits() == self.workers
+            && let Ok(_slot) = self.slots.try_acquire()
+        {
+            return (self.run)(vec![item])
+                .await?
+                .pop()
+                .ok_or_else(|| Error::Internal("a statement answered no call".into()));
+        }
         let (reply, answer) = oneshot::channel();
-        self.queue
-            .send((item, reply))
-            .map_err(|_| Error::Internal("the coalescer has stopped".into()))?;
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        if self.queue.send((item, reply)).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::Internal("the coalescer has stopped".into()));
+        }
         answer
             .await
             .map_err(|_| Error::Internal("a coalesced statement was dropped".into()))?
     }
 }
 
-/// Waits for one call, then takes what else is queued (up to the batch size,
-/// waiting up to the window for more when one is set). `None` once the queue
-/// is closed.
+/// Waits for one call and a statement slot, then takes what else is queued
+/// (up to the batch size, waiting up to the window for more when one is
+/// set). `None` once the queue is closed.
 async fn next_batch<T>(
     receiver: &Mutex<mpsc::UnboundedReceiver<T>>,
+    queued: &AtomicUsize,
+    slots: &Arc<Semaphore>,
     options: CoalesceOptions,
-) -> Option<Vec<T>> {
+) -> Option<(Vec<T>, OwnedSemaphorePermit)> {
     let mut receiver = receiver.lock().await;
     let first = receiver.recv().await?;
+    let slot = slots.clone().acquire_owned().await.ok()?;
     let mut batch = Vec::with_capacity(options.max_batch.min(64));
     batch.push(first);
     while batch.len() < options.max_batch {
@@ -112,7 +161,8 @@ async fn next_batch<T>(
             }
         }
     }
-    Some(batch)
+    queued.fetch_sub(batch.len(), Ordering::AcqRel);
+    Some((batch, slot))
 }
 
 /// A store whose single fetches, claims and completes are coalesced.
@@ -278,5 +328,96 @@ impl<S: Store> Store for Coalesced<S> {
 
     async fn close(&self) {
         self.inner.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex as StdMutex;
+    use tokio::sync::Notify;
+
+    /// Every batch a statement was sent, in order.
+    type Batches = Arc<StdMutex<Vec<Vec<u32>>>>;
+
+    /// A batcher over a statement that records each batch it is sent and, for
+    /// the batch holding `block_on`, waits until `gate` opens.
+    fn batcher(workers: usize, block_on: u32, gate: Arc<Notify>) -> (Batcher<u32, u32>, Batches) {
+        let batches = Arc::new(StdMutex::new(Vec::new()));
+        let seen = batches.clone();
+        let options = CoalesceOptions {
+            max_batch: 128,
+            window: Duration::ZERO,
+            workers,
+        };
+        let batcher = Batcher::spawn(options, move |items: Vec<u32>| {
+            let seen = seen.clone();
+            let gate = gate.clone();
+            async move {
+                seen.lock().unwrap().push(items.clone());
+                if items.contains(&block_on) {
+                    gate.notified().await;
+                }
+                Ok(items.iter().map(|i| i * 10).collect())
+            }
+        });
+        (batcher, batches)
+    }
+
+    #[tokio::test]
+    async fn a_lone_call_goes_at_once_and_calls_behind_a_busy_slot_go_together() {
+        let gate = Arc::new(Notify::new());
+        let (batcher, batches) = batcher(1, 0, gate.clone());
+        let batcher = Arc::new(batcher);
+        assert_eq!(batcher.call(7).await.unwrap(), 70);
+        assert_eq!(*batches.lock().unwrap(), [vec![7]]);
+
+        // Call 0 holds the only slot until the gate opens; calls 1..=10 queue.
+        let first = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.call(0).await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while batches.lock().unwrap().len() < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "call 0 never ran");
+            tokio::task::yield_now().await;
+        }
+        let queued: Vec<_> = (1..=10)
+            .map(|i| {
+                let batcher = batcher.clone();
+                tokio::spawn(async move { batcher.call(i).await })
+            })
+            .collect();
+        while batcher.queued.load(Ordering::Acquire) < 10 {
+            assert!(tokio::time::Instant::now() < deadline, "calls never queued");
+            tokio::task::yield_now().await;
+        }
+        gate.notify_one();
+        assert_eq!(first.await.unwrap().unwrap(), 0);
+        for (i, call) in (1..=10).zip(queued) {
+            assert_eq!(call.await.unwrap().unwrap(), i * 10);
+        }
+        assert_eq!(
+            *batches.lock().unwrap(),
+            [vec![7], vec![0], (1..=10).collect::<Vec<_>>()]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_statement_fails_only_the_calls_it_carried() {
+        let options = CoalesceOptions {
+            max_batch: 128,
+            window: Duration::ZERO,
+            workers: 1,
+        };
+        let batcher = Batcher::spawn(options, |items: Vec<u32>| async move {
+            if items.contains(&13) {
+                Err(Error::Unavailable("the database went away".into()))
+            } else {
+                Ok(items)
+            }
+        });
+        assert!(matches!(batcher.call(13).await, Err(Error::Unavailable(_))));
+        assert_eq!(batcher.call(14).await.unwrap(), 14);
     }
 }

@@ -87,7 +87,8 @@ WHERE r.namespace = $1 AND r.key = $2 AND NOT EXISTS (SELECT FROM inserted)";
 /// that was inserted or found, tagged with its position in the input (a key
 /// with neither raced, as above). Keys are inserted in key order, so
 /// concurrent batches wait on each other's new keys in the same order and
-/// cannot deadlock. The existing rows are looked up one by one, as in
+/// cannot deadlock. Only the keys not inserted are looked up (the lookup's
+/// `n.key IS NULL` is checked before its index scan), one by one as in
 /// FETCH_MANY.
 const CLAIM_OR_FETCH_MANY: &str = "
 WITH input AS (
@@ -105,20 +106,19 @@ inserted AS (
     ORDER BY i.namespace COLLATE \"C\", i.key COLLATE \"C\"
     ON CONFLICT (namespace, key) DO NOTHING
     RETURNING namespace, key, fencing_token, lease_expires_at, expires_at)
-SELECT i.ord, true AS inserted, now() AS now, NULL::int2 AS state, n.fencing_token,
-       NULL::bytea AS lease_token, NULL::bytea AS fingerprint, NULL::bytea AS response,
-       NULL::int8 AS retention_us, n.lease_expires_at, n.expires_at,
-       NULL::timestamptz AS created_at, NULL::timestamptz AS updated_at
+SELECT i.ord, n.key IS NOT NULL AS inserted, now() AS now, r.state,
+       coalesce(n.fencing_token, r.fencing_token) AS fencing_token, r.lease_token,
+       r.fingerprint, r.response, r.retention_us,
+       coalesce(n.lease_expires_at, r.lease_expires_at) AS lease_expires_at,
+       coalesce(n.expires_at, r.expires_at) AS expires_at, r.created_at, r.updated_at
 FROM input AS i
-JOIN inserted AS n ON n.namespace = i.namespace COLLATE \"C\" AND n.key = i.key COLLATE \"C\"
-UNION ALL
-SELECT i.ord, false, now(), r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
-       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at
-FROM input AS i
-JOIN LATERAL (
+LEFT JOIN inserted AS n ON n.namespace = i.namespace COLLATE \"C\" AND n.key = i.key COLLATE \"C\"
+LEFT JOIN LATERAL (
     SELECT * FROM idempotency_records AS x
-    WHERE x.namespace = i.namespace COLLATE \"C\" AND x.key = i.key COLLATE \"C\"
-    LIMIT 1) AS r ON true";
+    WHERE n.key IS NULL
+      AND x.namespace = i.namespace COLLATE \"C\" AND x.key = i.key COLLATE \"C\"
+    LIMIT 1) AS r ON true
+WHERE n.key IS NOT NULL OR r.key IS NOT NULL";
 
 /// TRY_CLAIM for many distinct keys in one statement (the same rule, row by
 /// row). Rows come in key order, so concurrent batches lock rows in the same
@@ -599,12 +599,7 @@ impl Store for PostgresStore {
                 .ok()
                 .and_then(|position| order.get(position).copied())
                 .ok_or_else(|| Error::Internal("a batch row names no input".into()))?;
-            match first_claim_from_row(row, &leases[i])? {
-                // The reaper deleted the row this snapshot still shows, and the
-                // insert took the key: the insert is what holds.
-                FirstClaim::Found(_) if matches!(results[i], FirstClaim::Inserted(_)) => {}
-                result => results[i] = result,
-            }
+            results[i] = first_claim_from_row(row, &leases[i])?;
         }
         Ok(results)
     }
