@@ -439,6 +439,47 @@ fn by_key(a: (&Namespace, &Key), b: (&Namespace, &Key)) -> Ordering {
         .cmp(&(b.0.as_str().as_bytes(), b.1.as_str().as_bytes()))
 }
 
+/// The arrays a set-based claim binds as $1 to $6 (namespace, key, lease
+/// token, fingerprint, lease and retention in microseconds), in `order`.
+struct LeaseArrays<'a> {
+    namespaces: Vec<&'a str>,
+    names: Vec<&'a str>,
+    tokens: Vec<&'a [u8]>,
+    fingerprints: Vec<Option<&'a [u8]>>,
+    lease_us: Vec<i64>,
+    retention_us: Vec<i64>,
+}
+
+impl<'a> LeaseArrays<'a> {
+    fn new(leases: &'a [NewLease], order: &[usize]) -> Self {
+        let picked = || order.iter().map(|&i| &leases[i]);
+        Self {
+            namespaces: picked().map(|l| l.namespace.as_str()).collect(),
+            names: picked().map(|l| l.key.as_str()).collect(),
+            tokens: picked()
+                .map(|l| l.lease_token.as_bytes().as_slice())
+                .collect(),
+            fingerprints: picked()
+                .map(|l| l.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                .collect(),
+            lease_us: picked().map(|l| micros(l.lease_ttl)).collect(),
+            retention_us: picked().map(|l| micros(l.retention)).collect(),
+        }
+    }
+
+    fn bind<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q> {
+        query
+            .bind(&self.namespaces)
+            .bind(&self.names)
+            .bind(&self.tokens)
+            .bind(&self.fingerprints)
+            .bind(&self.lease_us)
+            .bind(&self.retention_us)
+    }
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
+
 fn lease_from_row(row: &PgRow, lease_token: LeaseToken) -> Result<Lease, Error> {
     let get = |e: sqlx::Error| Error::Internal(Box::new(e));
     Ok(Lease {
@@ -561,32 +602,13 @@ impl Store for PostgresStore {
         let order = distinct_in_key_order(leases, |a, b| {
             by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
         });
-        let pick =
-            |f: fn(&NewLease) -> i64| order.iter().map(|&i| f(&leases[i])).collect::<Vec<_>>();
-        let namespaces: Vec<&str> = order
-            .iter()
-            .map(|&i| leases[i].namespace.as_str())
-            .collect();
-        let names: Vec<&str> = order.iter().map(|&i| leases[i].key.as_str()).collect();
-        let tokens: Vec<&[u8]> = order
-            .iter()
-            .map(|&i| leases[i].lease_token.as_bytes().as_slice())
-            .collect();
-        let fingerprints: Vec<Option<&[u8]>> = order
-            .iter()
-            .map(|&i| leases[i].fingerprint.as_ref().map(Fingerprint::as_bytes))
-            .collect();
+        let arrays = LeaseArrays::new(leases, &order);
         let rows = self
             .budget
             .run(
                 "claim_or_fetch_many",
-                held!(self, |conn| sqlx::query(CLAIM_OR_FETCH_MANY)
-                    .bind(&namespaces)
-                    .bind(&names)
-                    .bind(&tokens)
-                    .bind(&fingerprints)
-                    .bind(pick(|l| micros(l.lease_ttl)))
-                    .bind(pick(|l| micros(l.retention)))
+                held!(self, |conn| arrays
+                    .bind(sqlx::query(CLAIM_OR_FETCH_MANY))
                     .fetch_all(conn)),
             )
             .await?;
@@ -633,32 +655,13 @@ impl Store for PostgresStore {
         let order = distinct_in_key_order(leases, |a, b| {
             by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
         });
-        let pick =
-            |f: fn(&NewLease) -> i64| order.iter().map(|&i| f(&leases[i])).collect::<Vec<_>>();
-        let namespaces: Vec<&str> = order
-            .iter()
-            .map(|&i| leases[i].namespace.as_str())
-            .collect();
-        let names: Vec<&str> = order.iter().map(|&i| leases[i].key.as_str()).collect();
-        let tokens: Vec<&[u8]> = order
-            .iter()
-            .map(|&i| leases[i].lease_token.as_bytes().as_slice())
-            .collect();
-        let fingerprints: Vec<Option<&[u8]>> = order
-            .iter()
-            .map(|&i| leases[i].fingerprint.as_ref().map(Fingerprint::as_bytes))
-            .collect();
+        let arrays = LeaseArrays::new(leases, &order);
         let rows = self
             .budget
             .run(
                 "try_claim_many",
-                held!(self, |conn| sqlx::query(TRY_CLAIM_MANY)
-                    .bind(&namespaces)
-                    .bind(&names)
-                    .bind(&tokens)
-                    .bind(&fingerprints)
-                    .bind(pick(|l| micros(l.lease_ttl)))
-                    .bind(pick(|l| micros(l.retention)))
+                held!(self, |conn| arrays
+                    .bind(sqlx::query(TRY_CLAIM_MANY))
                     .fetch_all(conn)),
             )
             .await?;
