@@ -6,11 +6,11 @@
 //!
 //! Each call keeps its own semantics: the set-based statements apply the same
 //! guard row by row, and a key named twice in one batch is tried once (the
-//! other call reads again and learns who won). A lone call is not delayed: with
-//! a statement slot free and nothing queued it goes at once from its own task,
-//! and a worker takes what is already queued and goes; batches form only when
-//! calls arrive faster than statements complete. A failed statement fails the calls
-//! of its batch, and only those.
+//! other call reads again and learns who won). A lone call is not delayed:
+//! with nothing of its kind queued or in flight it goes at once from its own
+//! task, and a worker takes what is already queued and goes; batches form only
+//! when calls arrive faster than statements complete. A failed statement fails
+//! the calls of its batch, and only those.
 
 use std::future::Future;
 use std::pin::Pin;
