@@ -69,8 +69,9 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
         let (queue, receiver) = mpsc::unbounded_channel();
         let receiver = Arc::new(Mutex::new(receiver));
         let queued = Arc::new(AtomicUsize::new(0));
-        let slots = Arc::new(Semaphore::new(options.workers.max(1)));
-        for _ in 0..options.workers.max(1) {
+        let workers = options.workers.max(1);
+        let slots = Arc::new(Semaphore::new(workers));
+        for _ in 0..workers {
             let receiver = receiver.clone();
             let queued = queued.clone();
             let slots = slots.clone();
@@ -100,7 +101,7 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
             queued,
             slots,
             alone: options.window.is_zero(),
-            workers: options.workers.max(1),
+            workers,
             run,
         }
     }

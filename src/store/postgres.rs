@@ -250,7 +250,6 @@ FROM idempotency_records";
 
 #[derive(Clone)]
 pub struct PostgresStore {
-    pool: PgPool,
     connections: Arc<Connections>,
     max_connections: u32,
     budget: Budget,
@@ -385,18 +384,23 @@ impl PostgresStore {
             .connect_lazy_with(connect_options);
         Self {
             connections: Arc::new(Connections {
-                pool: pool.clone(),
+                pool,
                 permits: Semaphore::new(options.pool_size as usize),
                 kept: std::sync::Mutex::default(),
             }),
-            pool,
             max_connections: options.pool_size,
             budget: Budget::new("postgresql", options.timeout),
         }
     }
 
+    /// sqlx's pool, for the statements off the call path (migrations, the
+    /// reaper, stats, health) and the connections `Connections` takes.
+    fn pool(&self) -> &PgPool {
+        &self.connections.pool
+    }
+
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        MIGRATOR.run(&self.pool).await?;
+        MIGRATOR.run(self.pool()).await?;
         Ok(())
     }
 }
@@ -808,7 +812,9 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "reap",
-                sqlx::query(REAP).bind(i64::from(batch)).execute(&self.pool),
+                sqlx::query(REAP)
+                    .bind(i64::from(batch))
+                    .execute(self.pool()),
             )
             .await?;
         Ok(done.rows_affected())
@@ -832,11 +838,11 @@ impl Store for PostgresStore {
         let get = |e: sqlx::Error| Error::Internal(Box::new(e));
         let rows = self
             .budget
-            .run("stats", sqlx::query(STATS_LIVE).fetch_all(&self.pool))
+            .run("stats", sqlx::query(STATS_LIVE).fetch_all(self.pool()))
             .await?;
         let summary = self
             .budget
-            .run("stats", sqlx::query(STATS_SUMMARY).fetch_one(&self.pool))
+            .run("stats", sqlx::query(STATS_SUMMARY).fetch_one(self.pool()))
             .await?;
         let live = rows
             .iter()
@@ -865,8 +871,8 @@ impl Store for PostgresStore {
 
     fn pool_status(&self) -> PoolStatus {
         PoolStatus {
-            size: self.pool.size(),
-            idle: self.pool.num_idle() as u32 + self.connections.kept() as u32,
+            size: self.pool().size(),
+            idle: self.pool().num_idle() as u32 + self.connections.kept() as u32,
             max: self.max_connections,
             in_flight: self.budget.in_flight(),
         }
@@ -874,14 +880,14 @@ impl Store for PostgresStore {
 
     async fn ping(&self) -> Result<(), Error> {
         self.budget
-            .run("ping", sqlx::query("SELECT 1").execute(&self.pool))
+            .run("ping", sqlx::query("SELECT 1").execute(self.pool()))
             .await
             .map(|_| ())
     }
 
     async fn close(&self) {
         self.connections.release_all();
-        self.pool.close().await;
+        self.pool().close().await;
     }
 }
 
