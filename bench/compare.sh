@@ -1,33 +1,52 @@
 #!/usr/bin/env bash
-# The service against PostgreSQL itself, in one run on one database.
+# The service against the SQL a team would write by hand, in one run on one
+# PostgreSQL.
 #
-# For each operation (a fresh Claim, a Claim+Complete cycle, a duplicate
-# Claim) and each concurrency level, back to back so that both sides see the
-# same machine:
-#   - pgbench (-M prepared) with the issue's yardstick statements, and with
-#     the statements the service sends today for that operation
-#     (bench/pgbench/*.sql, generated from src/store/postgres.rs);
-#   - idempotency-bench against the service (target/release/idempotency-service
-#     on the same database, RUST_LOG=warn), recording the server's resident
-#     memory after the point.
-# Then pgbench's 64-key unnest claim against ClaimBatch of 100 fresh keys
-# (keys per second on both sides), the service-only scenarios (contended, mixed), and Claim+Complete once more on a
-# second server with the default info logging, to show what the per-call log
-# line costs. It prints both sides with their ratio (service / pgbench), and
-# the CPU each side spent per operation (PostgreSQL, the server, the rest).
+# The yardstick (bench/handwritten/, issue 13) is a dedup table of the team's
+# own (`idempotency_keys`) and the statements a team would write for it: a
+# claiming upsert, then a guarded UPDATE that stores the result. pgbench runs
+# them with -M prepared and per-transaction logs. For each operation and
+# concurrency level, back to back so that both sides see the same machine:
+#   - pgbench with the hand-written statements (the yardstick);
+#   - pgbench with the statements the service's store sends for that
+#     operation one call at a time (bench/pgbench/*.sql, generated from
+#     src/store/postgres.rs): what the service would cost without its own
+#     batching and caching;
+#   - idempotency-bench against a fresh server (the release binary, RUST_LOG=warn),
+#     one HTTP/2 connection per caller.
+# Operations: Claim+Complete of fresh keys, duplicate Claims of 100 completed
+# keys, fresh Claims, and ClaimBatch of 100 keys against the hand-written
+# 64-key upsert; then the service-only scenarios (contended, mixed) and
+# Claim+Complete at the default info logging, to show the per-call log line.
 #
-#   bench/compare.sh            full run (BENCH_SECONDS per point, default 20)
+# Every point starts the same way: the table emptied, 100 completed keys
+# seeded, VACUUM ANALYZE, CHECKPOINT. So plans are made on a table analysed
+# at 100 rows, as on a new deployment. Each point records throughput, p50 and
+# p99, the CPU that PostgreSQL, the server and the client spent per
+# operation, the statements PostgreSQL ran per operation (pg_stat_statements)
+# and the tuples it read by sequential scan; the summary prints both sides
+# with their ratio (service / hand-written SQL).
+#
+#   bench/compare.sh            full run (BENCH_SECONDS per point, default 15)
 #   bench/compare.sh --smoke    1 s per point, levels 1 and 8: proves the
 #                               scripts work; fails on any error or missing number
 #
 # Settings (environment):
-#   BENCH_PG_URL        PostgreSQL server, loopback only (postgres://postgres@127.0.0.1:5432)
-#   BENCH_SECONDS       measured seconds per point (20; smoke 1)
+#   BENCH_PG_URL        use this PostgreSQL server (loopback only) instead of a
+#                       throwaway cluster; e.g. postgres://postgres@127.0.0.1:5432.
+#                       Without it, compare.sh makes its own cluster with initdb
+#                       (default settings and durability, max_connections 300 so
+#                       that pgbench can serve 256 clients, pg_stat_statements),
+#                       on a free port, and removes it at the end.
+#   BENCH_SECONDS       measured seconds per point (15; smoke 1)
 #   BENCH_WARMUP        the load generator's unrecorded warm-up (2s; smoke 500ms)
 #   BENCH_LEVELS        concurrency levels ("1 8 32 64 256"; smoke "1 8")
-#   BENCH_CONNECTIONS   HTTP/2 connections of the load generator (4)
-#   BENCH_INFO_LEVELS   levels run on both servers, warn and info logging ("1 64"; smoke "8")
+#   BENCH_OPERATIONS    which comparisons ("claim-complete duplicate claim claim-batch")
+#   BENCH_AS_SENT       1 (default) to also run the store's statements in pgbench
+#   BENCH_CONNECTIONS   HTTP/2 connections of the load generator (default: one per caller)
+#   BENCH_INFO_LEVELS   levels of Claim+Complete at RUST_LOG=info ("1 64"; smoke "8")
 #   BENCH_EXTRA_LEVELS  levels of the service-only scenarios contended and mixed ("64"; smoke "8")
+#   BENCH_RESPONSE_BYTES  the stored result's size (200)
 #   BENCH_PGBENCH_MAX_CLIENTS  cap on pgbench -c (default: max_connections - 26,
 #                       leaving room for the server's pool of 16)
 #   BENCH_QUIET_WAIT    before each point, wait up to this many seconds for the
@@ -38,20 +57,20 @@
 #                       during it (2; smoke 0)
 #   BENCH_SYNCHRONOUS_COMMIT  set synchronous_commit for the bench database
 #                       (both sides), e.g. off; default: the server's setting
+#   BENCH_SERVER_ENV    extra environment for the server, e.g.
+#                       "IDEMPOTENCY_COALESCE=false IDEMPOTENCY_REPLAY_CACHE_BYTES=0"
 #   BENCH_OUT           folder for results (target/bench/<date-time>)
 #   BENCH_SKIP_BUILD=1  use the binaries in target/release as they are
 #   BENCH_SERVER_BIN    measure this server binary instead of target/release's
 #                       (another checkout's build), and
-#   BENCH_STORE_SQL     generate the pgbench scripts from this postgres.rs
-#                       (that checkout's src/store/postgres.rs)
+#   BENCH_STORE_SQL     generate the as-sent pgbench scripts from this postgres.rs
 #   BENCH_KEEP_LOGS=1   keep pgbench's per-transaction logs
 #
 # It creates the database idempotency_bench (dropping any left over), applies
-# the service's migrations to it with `idempotency-service migrate`, empties
-# the table before every point, and drops the database at the end. The
-# binaries are copied into the results folder first, so a rebuild during the
-# run changes nothing. Only loopback addresses are used. Needs pgbench, psql
-# and python3.
+# the service's migrations and bench/handwritten/schema.sql to it, and drops
+# it at the end. The binaries are copied into the results folder first, so a
+# rebuild during the run changes nothing. Only loopback addresses are used.
+# Needs pgbench, psql and python3 (and initdb/pg_ctl for the throwaway cluster).
 set -eEuo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,31 +88,29 @@ if ((smoke)); then
   seconds="${BENCH_SECONDS:-1}"
   warmup="${BENCH_WARMUP:-500ms}"
   levels="${BENCH_LEVELS:-1 8}"
-  info_levels="${BENCH_INFO_LEVELS:-8}"
-  extra_levels="${BENCH_EXTRA_LEVELS:-8}"
+  info_levels="${BENCH_INFO_LEVELS-8}"
+  extra_levels="${BENCH_EXTRA_LEVELS-8}"
 else
   quiet_wait="${BENCH_QUIET_WAIT:-180}"
   retries="${BENCH_RETRIES:-2}"
-  seconds="${BENCH_SECONDS:-20}"
+  seconds="${BENCH_SECONDS:-15}"
   warmup="${BENCH_WARMUP:-2s}"
   levels="${BENCH_LEVELS:-1 8 32 64 256}"
-  info_levels="${BENCH_INFO_LEVELS:-1 64}"
-  extra_levels="${BENCH_EXTRA_LEVELS:-64}"
+  info_levels="${BENCH_INFO_LEVELS-1 64}"
+  extra_levels="${BENCH_EXTRA_LEVELS-64}"
 fi
-connections="${BENCH_CONNECTIONS:-4}"
+operations="${BENCH_OPERATIONS:-claim-complete duplicate claim claim-batch}"
+as_sent="${BENCH_AS_SENT:-1}"
 quiet_percent="${BENCH_QUIET_PERCENT:-15}"
-pg_server="${BENCH_PG_URL:-postgres://postgres@127.0.0.1:5432}"
-pg_server="${pg_server%/}"
+response_bytes="${BENCH_RESPONSE_BYTES:-200}"
+read -r -a server_env <<<"${BENCH_SERVER_ENV:-}"
 out="${BENCH_OUT:-target/bench/$(date +%Y%m%d-%H%M%S)}"
 database=idempotency_bench
-db_url="$pg_server/$database"
+duplicate_keys=100
 
 log() { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# --- Only this machine --------------------------------------------------------------
-[[ "$pg_server" =~ ^postgres(ql)?://([^@/]*@)?(127\.[0-9]+\.[0-9]+\.[0-9]+|localhost|\[::1\])(:[0-9]+)?$ ]] ||
-  die "BENCH_PG_URL must be postgres://[user@]HOST[:port] with a loopback HOST (no database, no parameters): $pg_server"
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "BENCH_SECONDS must be a whole number of seconds: $seconds"
 for tool in pgbench psql python3; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
@@ -102,6 +119,62 @@ done
 mkdir -p "$out/points" "$out/bin"
 out="$(cd "$out" && pwd)"
 log "results in $out"
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# --- PostgreSQL: the one BENCH_PG_URL names, or a throwaway cluster --------------
+cluster_dir=""
+declare -A pids=()
+server_pid=""
+stop_pid() { # pid
+  local pid="$1"
+  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  fi
+}
+as_postgres() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+cleanup() {
+  stop_pid "$server_pid"
+  if [[ -n "${pg_server:-}" ]]; then
+    psql "$pg_server/postgres" -qc "DROP DATABASE IF EXISTS $database WITH (FORCE)" >/dev/null 2>&1 || true
+  fi
+  if [[ -n "$cluster_dir" ]]; then
+    as_postgres "$pg_bin/pg_ctl" -D "$cluster_dir/data" -m fast -w stop >/dev/null 2>&1 || true
+    rm -rf "$cluster_dir"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+trap 'log "error: line $LINENO: $BASH_COMMAND"' ERR
+
+if [[ -n "${BENCH_PG_URL:-}" ]]; then
+  pg_server="${BENCH_PG_URL%/}"
+  [[ "$pg_server" =~ ^postgres(ql)?://([^@/]*@)?(127\.[0-9]+\.[0-9]+\.[0-9]+|localhost|\[::1\])(:[0-9]+)?$ ]] ||
+    die "BENCH_PG_URL must be postgres://[user@]HOST[:port] with a loopback HOST (no database, no parameters): $pg_server"
+else
+  pg_bin="$(pg_config --bindir 2>/dev/null || true)"
+  [[ -x "$pg_bin/initdb" ]] || pg_bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
+  [[ -x "$pg_bin/initdb" ]] || die "no initdb found: install PostgreSQL's server package, or set BENCH_PG_URL"
+  cluster_dir="$(mktemp -d /tmp/idempotency-bench-pg.XXXXXX)"
+  chmod 755 "$cluster_dir"
+  [[ $(id -u) != 0 ]] || chown postgres: "$cluster_dir"
+  pg_port=$(free_port)
+  log "starting a throwaway PostgreSQL ($pg_bin) on 127.0.0.1:$pg_port"
+  as_postgres "$pg_bin/initdb" -D "$cluster_dir/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$cluster_dir/initdb.log" 2>&1 ||
+    die "initdb failed: $(tail -5 "$cluster_dir/initdb.log")"
+  as_postgres "$pg_bin/pg_ctl" -D "$cluster_dir/data" -l "$cluster_dir/postgres.log" -w -t 60 \
+    -o "-c port=$pg_port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$cluster_dir -c max_connections=300 -c shared_preload_libraries=pg_stat_statements -c track_wal_io_timing=on" \
+    start >/dev/null || die "PostgreSQL did not start: $(tail -5 "$cluster_dir/postgres.log")"
+  pg_server="postgres://postgres@127.0.0.1:$pg_port"
+fi
+db_url="$pg_server/$database"
+admin_sql() { psql "$pg_server/postgres" -qAtX -v ON_ERROR_STOP=1 "$@"; }
+sql() { psql "$db_url" -qAtX -v ON_ERROR_STOP=1 "$@"; }
 
 # --- Binaries ---------------------------------------------------------------------
 if [[ "${BENCH_SKIP_BUILD:-0}" != 1 ]]; then
@@ -116,7 +189,7 @@ cp target/release/idempotency-bench "$out/bin/"
 server_bin="$out/bin/idempotency-service"
 bench_bin="$out/bin/idempotency-bench"
 
-# --- The pgbench scripts, from the store's current SQL -------------------------------
+# --- The pgbench scripts ------------------------------------------------------------
 pgbench_dir="$out/pgbench"
 store_sql="${BENCH_STORE_SQL:-src/store/postgres.rs}"
 bench/pgbench/generate.sh "$pgbench_dir" "$store_sql"
@@ -125,41 +198,31 @@ for file in "$pgbench_dir"/*.sql; do
     log "warning: bench/pgbench/$(basename "$file") differs from the store's current SQL (using the regenerated one); run bench/pgbench/generate.sh"
   fi
 done
-cp bench/pgbench/claim-unnest64.sql "$pgbench_dir/"
+mkdir -p "$out/handwritten"
+cp bench/handwritten/*.sql "$out/handwritten/"
 
-# --- Servers and the database --------------------------------------------------------
-# Two servers at most: "warn" for every point, "info" for the logging points.
-declare -A pids=() targets=()
-server_pid="" target=""
-stop_server() { # name
-  local pid="${pids[$1]:-}"
-  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  fi
-  pids[$1]=""
-}
-cleanup() {
-  for name in "${!pids[@]}"; do stop_server "$name"; done
-  psql "$pg_server/postgres" -qc "DROP DATABASE IF EXISTS $database WITH (FORCE)" >/dev/null 2>&1 || true
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-trap 'log "error: line $LINENO: $BASH_COMMAND"' ERR
-
-psql "$pg_server/postgres" -qc "DROP DATABASE IF EXISTS $database WITH (FORCE)" >/dev/null 2>&1
-psql "$pg_server/postgres" -qc "CREATE DATABASE $database" >/dev/null
-# Time the WAL flushes of this database's sessions (pgbench's and the
-# server's), so each point can report how long a commit's fsync took: on a
-# shared virtual disk it swings by ten times within seconds.
-psql "$pg_server/postgres" -qc "ALTER DATABASE $database SET track_wal_io_timing = on" >/dev/null
+# --- The database ---------------------------------------------------------------------
+admin_sql -c "DROP DATABASE IF EXISTS $database WITH (FORCE)" >/dev/null
+admin_sql -c "CREATE DATABASE $database" >/dev/null
+# Time the WAL flushes of this database's sessions, so each point can report
+# how long a commit's fsync took: on a shared virtual disk it swings by ten
+# times within seconds.
+admin_sql -c "ALTER DATABASE $database SET track_wal_io_timing = on" >/dev/null 2>&1 || true
 if [[ -n "${BENCH_SYNCHRONOUS_COMMIT:-}" ]]; then
-  psql "$pg_server/postgres" -qc "ALTER DATABASE $database SET synchronous_commit = '$BENCH_SYNCHRONOUS_COMMIT'" >/dev/null
+  admin_sql -c "ALTER DATABASE $database SET synchronous_commit = '$BENCH_SYNCHRONOUS_COMMIT'" >/dev/null
 fi
 DATABASE_URL="$db_url" RUST_LOG=warn "$server_bin" migrate
-sql() { psql "$db_url" -qAtX -v ON_ERROR_STOP=1 "$@"; }
+sql -f bench/handwritten/schema.sql >/dev/null
+# Statements per operation come from pg_stat_statements, when the server
+# loads it (the throwaway cluster does).
+statements_known=0
+if admin_sql -c 'CREATE EXTENSION IF NOT EXISTS pg_stat_statements' >/dev/null 2>&1 &&
+  admin_sql -c 'SELECT count(*) FROM pg_stat_statements' >/dev/null 2>&1; then
+  statements_known=1
+else
+  log "pg_stat_statements is not loaded on this server: no statement counts"
+fi
+db_oid=$(admin_sql -c "SELECT oid FROM pg_database WHERE datname = '$database'")
 
 max_connections=$(sql -c 'SHOW max_connections')
 pgbench_cap="${BENCH_PGBENCH_MAX_CLIENTS:-$((max_connections - 26))}"
@@ -174,40 +237,18 @@ pgbench_cap="${BENCH_PGBENCH_MAX_CLIENTS:-$((max_connections - 26))}"
   echo "cpus: $(nproc) ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))"
   echo "memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "postgres: $(sql -c 'SHOW server_version')"
+  echo "postgres: $(sql -c 'SHOW server_version') ($([[ -n "$cluster_dir" ]] && echo "throwaway cluster" || echo "$pg_server"))"
   for setting in synchronous_commit fsync wal_sync_method shared_buffers max_connections ssl; do
     echo "postgres $setting: $(sql -c "SHOW $setting")"
   done
-  echo "postgres settings for the bench database: $(psql "$pg_server/postgres" -qAtX -c "SELECT array_to_string(setconfig, ', ') FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = '$database'")"
+  echo "postgres settings for the bench database: $(admin_sql -c "SELECT array_to_string(setconfig, ', ') FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = '$database'")"
+  echo "server environment: ${BENCH_SERVER_ENV:-(defaults)}"
   echo "seconds per point: $seconds; warm-up (service): $warmup; levels: $levels; pgbench clients capped at $pgbench_cap"
-  echo "load generator connections: $connections"
+  echo "load generator connections: ${BENCH_CONNECTIONS:-one per caller}; stored result: $response_bytes bytes"
 } >"$out/machine.txt"
 cat "$out/machine.txt" >&2
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-start_server() { # name RUST_LOG
-  local name="$1" port metrics_port logfile="$out/server-$1.log"
-  port=$(free_port)
-  metrics_port=$(free_port)
-  DATABASE_URL="$db_url" IDEMPOTENCY_LISTEN_ADDR="127.0.0.1:$port" IDEMPOTENCY_RUN_MIGRATIONS=false \
-    IDEMPOTENCY_METRICS_ADDR="127.0.0.1:$metrics_port" RUST_LOG="$2" "$server_bin" >"$logfile" 2>&1 &
-  pids[$name]=$!
-  targets[$name]="http://127.0.0.1:$port"
-  for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      log "server $name (RUST_LOG=$2): pid ${pids[$name]}, ${targets[$name]}"
-      return 0
-    fi
-    kill -0 "${pids[$name]}" 2>/dev/null || die "server $name exited at start: see $logfile"
-    sleep 0.1
-  done
-  die "server $name did not listen on $port within 10 s: see $logfile"
-}
-use_server() { server_pid="${pids[$1]}"; target="${targets[$1]}"; }
-
-# --- CPU and memory accounting -------------------------------------------------------
+# --- CPU, memory and statement accounting ---------------------------------------------
 # Clock ticks from /proc: the whole machine (busy, all CPUs); all of PostgreSQL
 # (the postmaster with its exited children, and its children alive now); the
 # server process.
@@ -226,7 +267,31 @@ pg_ticks() {
 process_ticks() { sed 's/^[^)]*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'; }
 memory_kib() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
 
-wal_syncs() { sql -F ' ' -c 'SELECT wal_sync, wal_sync_time FROM pg_stat_wal'; }
+# WAL flushes (count, ms) of the whole server; read from the postgres database
+# so that these readings never count as the bench database's statements.
+wal_syncs() { admin_sql -F ' ' -c 'SELECT wal_sync, wal_sync_time FROM pg_stat_wal'; }
+# Statements the bench database ran since the last reset (the health check's
+# SELECT 1 and this script's own reading of seq_tuples left out), and a dump
+# of the busiest ones.
+statements_reset() { ((statements_known)) && admin_sql -c 'SELECT pg_stat_statements_reset()' >/dev/null || true; }
+statements_count() {
+  if ((statements_known)); then
+    admin_sql -c "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = $db_oid AND query NOT IN ('SELECT 1', 'SELECT \$1') AND query NOT LIKE '%pg_stat_user_tables%'"
+  else
+    echo null
+  fi
+}
+statements_dump() { # file
+  ((statements_known)) || return 0
+  admin_sql -F ' | ' -c "SELECT calls, round(total_exec_time::numeric, 1) AS total_ms,
+      round((total_exec_time / greatest(calls, 1) * 1000)::numeric, 1) AS mean_us,
+      round(shared_blks_hit::numeric / greatest(calls, 1), 1) AS buffers_per_call,
+      regexp_replace(left(query, 160), '\s+', ' ', 'g')
+    FROM pg_stat_statements WHERE dbid = $db_oid ORDER BY total_exec_time DESC LIMIT 12" >"$1" || true
+}
+# Tuples read by sequential scans of the two tables: a plan that lost its
+# index shows here.
+seq_tuples() { sql -c "SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables WHERE relname IN ('idempotency_records', 'idempotency_keys')"; }
 # CPU seconds of this script's waited-for children (pgbench, the load
 # generator; psql is small), from bash's `times` (second line, user and
 # system). `times` must run in this shell, not in a $(...) subshell, whose
@@ -239,32 +304,37 @@ children_cpu() { # variable to set
 # The cheap readings first and last, so the window is what it says; psql
 # (slow to start on a loaded machine) inside it.
 point_started() {
+  statements_reset
+  t_seq=$(seq_tuples)
+  read -r t_syncs t_sync_ms < <(wal_syncs)
   t_wall=$(date +%s.%N)
   children_cpu t_children
   t_machine=$(machine_ticks)
   t_pg=$(pg_ticks)
   t_server=""
   if [[ -n "$server_pid" ]]; then t_server=$(process_ticks "$server_pid"); fi
-  read -r t_syncs t_sync_ms < <(wal_syncs)
 }
-# Sets cpu to the point's CPU (ticks) and the server's memory, as JSON
-# fields. It runs in this shell (not as $(point_finished)), for `times`.
-point_finished() {
-  local machine pg=null server=null rss=null hwm=null syncs sync_ms children wall
+# Sets cpu to the point's CPU (ticks), memory and statements as JSON fields.
+# It runs in this shell (not as $(point_finished)), for `times`.
+point_finished() { # statements dump file
+  local machine pg=null server=null rss=null hwm=null syncs sync_ms children wall statements seq
   if [[ -n "$server_pid" ]]; then server=$(($(process_ticks "$server_pid") - t_server)); fi
   if [[ -n "$t_pg" ]]; then pg=$(($(pg_ticks) - t_pg)); fi
   machine=$(($(machine_ticks) - t_machine))
   children_cpu children
   wall=$(date +%s.%N)
-  read -r syncs sync_ms < <(wal_syncs)
   if [[ -n "$server_pid" ]]; then
     rss=$(memory_kib "$server_pid" VmRSS)
     hwm=$(memory_kib "$server_pid" VmHWM)
   fi
-  printf -v cpu '"clk_tck": %s, "cpus": %s, "wall_s": %s, "machine_ticks": %s, "pg_ticks": %s, "server_ticks": %s, "client_cpu_s": %s, "server_rss_kib": %s, "server_hwm_kib": %s, "wal_syncs": %s, "wal_sync_ms": %s' \
+  read -r syncs sync_ms < <(wal_syncs)
+  statements=$(statements_count)
+  statements_dump "$1"
+  seq=$(($(seq_tuples) - t_seq))
+  printf -v cpu '"clk_tck": %s, "cpus": %s, "wall_s": %s, "machine_ticks": %s, "pg_ticks": %s, "server_ticks": %s, "client_cpu_s": %s, "server_rss_kib": %s, "server_hwm_kib": %s, "wal_syncs": %s, "wal_sync_ms": %s, "statements": %s, "seq_tuples_read": %s' \
     "$clk_tck" "$(nproc)" "$(python3 -c "print(round($wall - $t_wall, 3))")" "$machine" "$pg" "$server" \
     "$(python3 -c "print(round($children - $t_children, 3))")" "$rss" "$hwm" "$((syncs - t_syncs))" \
-    "$(python3 -c "print(round($sync_ms - $t_sync_ms, 3))")"
+    "$(python3 -c "print(round($sync_ms - $t_sync_ms, 3))")" "$statements" "$seq"
 }
 
 # Waits (bounded) until the machine is quiet: this project's builds and tests
@@ -307,31 +377,54 @@ measured() {
   done
 }
 
-# Every point starts from an empty table after a checkpoint, whatever ran before.
-fresh_table() {
-  sql -c 'TRUNCATE idempotency_records' -c 'CHECKPOINT'
+# --- Every point starts here --------------------------------------------------------------
+token='\x00112233445566778899aabbccddeeff'
+response="\\x$(printf '72%.0s' $(seq "$response_bytes"))"
+
+# Empties both tables, seeds 100 completed keys into the one the point uses
+# (hand-written: '1'..'100' in the point's namespace; the service's:
+# 'dup-0'..'dup-99', the keys the load generator replays), then VACUUM
+# ANALYZE and CHECKPOINT: plans are made on a table analysed at 100 rows.
+prepare_tables() { # table namespace
+  local table="$1" namespace="$2"
+  sql -c 'TRUNCATE idempotency_records, idempotency_keys'
+  if [[ "$table" == idempotency_keys ]]; then
+    sql -c "INSERT INTO idempotency_keys (namespace, key, state, lease_token, response, expires_at)
+            SELECT '$namespace', g::text, 2, gen_random_uuid(), '$response'::bytea, now() + interval '24 hours'
+            FROM generate_series(1, $duplicate_keys) AS g"
+  else
+    sql -c "INSERT INTO idempotency_records
+            SELECT '$namespace', 'dup-' || g, 2, 1, '$token'::bytea, NULL, '$response'::bytea,
+                   86400000000, NULL, now() + interval '24 hours', now(), now()
+            FROM generate_series(0, $duplicate_keys - 1) AS g"
+  fi
+  sql -c 'VACUUM ANALYZE idempotency_records' -c 'VACUUM ANALYZE idempotency_keys' -c 'CHECKPOINT'
 }
 
 # --- One pgbench point ------------------------------------------------------------------
-token='\x00112233445566778899aabbccddeeff'
-response="\\x$(printf '72%.0s' $(seq 64))"
-duplicate_keys=1000
-
-pgbench_point() { # script level
-  local scenario="$1" level="$2" clients threads name namespace status=0
+pgbench_point() { # side (handwritten|as-sent) script level
+  local side="$1" script="$2" level="$3" clients threads name namespace status=0 dir table
   clients=$((level < pgbench_cap ? level : pgbench_cap))
   threads=$((clients < 2 ? clients : 2))
-  name="pgbench-$scenario-c$level"
-  namespace="pgb-$scenario-c$level"
-  fresh_table
-  if [[ "$scenario" == duplicate-* ]]; then
-    # Completed keys '1'..'1000', as the store's Complete leaves them.
+  name="pgbench-$side-$script-c$level"
+  namespace="pgb-$side-$script-c$level"
+  if [[ "$side" == handwritten ]]; then
+    dir="$out/handwritten" table=idempotency_keys
+  else
+    dir="$pgbench_dir" table=idempotency_records
+  fi
+  if [[ "$side" == as-sent && "$script" == duplicate-as-sent ]]; then
+    # The store's scripts replay keys '1'..'100' as pgbench numbers them.
+    sql -c 'TRUNCATE idempotency_records, idempotency_keys'
     sql -c "INSERT INTO idempotency_records
             SELECT '$namespace', g::text, 2, 1, '$token'::bytea, NULL, '$response'::bytea,
                    86400000000, NULL, now() + interval '24 hours', now(), now()
             FROM generate_series(1, $duplicate_keys) AS g"
+    sql -c 'VACUUM ANALYZE idempotency_records' -c 'VACUUM ANALYZE idempotency_keys' -c 'CHECKPOINT'
+  else
+    prepare_tables "$table" "$namespace"
   fi
-  log "pgbench $scenario: $clients clients, ${seconds}s"
+  log "pgbench $side $script: $clients clients, ${seconds}s"
   rm -f "$out/points/$name".log*
   server_pid=""
   point_started
@@ -339,28 +432,44 @@ pgbench_point() { # script level
     -D ns="$namespace" -D n=0 -D token="$token" -D ttl_us=30000000 -D ret_us=86400000000 \
     -D resp="$response" -D dupkeys="$duplicate_keys" \
     --log --log-prefix="$out/points/$name.log" \
-    -f "$pgbench_dir/$scenario.sql" "$db_url" >"$out/points/$name.out" 2>&1 || status=$?
-  point_finished
-  printf '{"source": "pgbench", "scenario": "%s", "level": %s, "clients": %s, "exit_status": %s, "output": "%s", "log_prefix": "%s", %s}\n' \
-    "$scenario" "$level" "$clients" "$status" "$out/points/$name.out" "$out/points/$name.log" "$cpu" \
+    -f "$dir/$script.sql" "$db_url" >"$out/points/$name.out" 2>&1 || status=$?
+  point_finished "$out/points/$name.statements.txt"
+  printf '{"source": "pgbench", "side": "%s", "scenario": "%s", "level": %s, "clients": %s, "exit_status": %s, "output": "%s", "log_prefix": "%s", %s}\n' \
+    "$side" "$script" "$level" "$clients" "$status" "$out/points/$name.out" "$out/points/$name.log" "$cpu" \
     >"$out/points/$name.json"
   point_json="$out/points/$name.json"
-  ((status == 0)) || log "pgbench $scenario at $clients clients failed (exit $status): see $out/points/$name.out"
+  ((status == 0)) || log "pgbench $side $script at $clients clients failed (exit $status): see $out/points/$name.out"
 }
 
-# --- One service point ------------------------------------------------------------------
-service_point() { # server label scenario level
-  local server="$1" label="$2" scenario="$3" level="$4" status=0 bench_pid deadline
-  local name="service-$label-c$level"
-  use_server "$server"
-  fresh_table
+# --- One service point: a fresh server, the load generator, the server stopped ------------
+start_server() { # rust_log logfile
+  local port metrics_port
+  port=$(free_port)
+  metrics_port=$(free_port)
+  env DATABASE_URL="$db_url" IDEMPOTENCY_LISTEN_ADDR="127.0.0.1:$port" IDEMPOTENCY_RUN_MIGRATIONS=false \
+    IDEMPOTENCY_METRICS_ADDR="127.0.0.1:$metrics_port" RUST_LOG="$1" "${server_env[@]}" "$server_bin" >"$2" 2>&1 &
+  server_pid=$!
+  target="http://127.0.0.1:$port"
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    kill -0 "$server_pid" 2>/dev/null || die "the server exited at start: see $2"
+    sleep 0.1
+  done
+  die "the server did not listen on $port within 10 s: see $2"
+}
+
+service_point() { # label scenario level rust_log
+  local label="$1" scenario="$2" level="$3" rust_log="$4" status=0 bench_pid deadline
+  local name="service-$label-c$level" namespace="svc-$label-c$level"
+  prepare_tables idempotency_records "$namespace"
+  start_server "$rust_log" "$out/points/$name.server.log"
   log "service $label: $level callers, ${seconds}s (+$warmup warm-up)"
   "$bench_bin" --target "$target" --scenario "$scenario" --concurrency "$level" \
-    --connections "$connections" --duration "${seconds}s" --warmup "$warmup" \
-    --namespace "svc-$label-c$level" --json "$out/points/$name.bench.json" \
-    >"$out/points/$name.out" 2>&1 &
+    --connections "${BENCH_CONNECTIONS:-$level}" --duration "${seconds}s" --warmup "$warmup" \
+    --namespace "$namespace" --duplicate-keys "$duplicate_keys" --response-bytes "$response_bytes" \
+    --json "$out/points/$name.bench.json" >"$out/points/$name.out" 2>&1 &
   bench_pid=$!
-  # Count CPU from the end of the load generator's setup and warm-up, which it
+  # Count from the end of the load generator's setup and warm-up, which it
   # announces, to its exit: the window its operation count covers.
   deadline=$((SECONDS + 300))
   until grep -q '^measuring' "$out/points/$name.out" 2>/dev/null; do
@@ -369,7 +478,12 @@ service_point() { # server label scenario level
   done
   point_started
   wait "$bench_pid" || status=$?
-  point_finished
+  point_finished "$out/points/$name.statements.txt"
+  stop_pid "$server_pid"
+  server_pid=""
+  if [[ "$rust_log" == info ]]; then
+    log "info log: $(wc -l <"$out/points/$name.server.log") lines, $(du -h "$out/points/$name.server.log" | cut -f1)"
+  fi
   printf '{"source": "service", "scenario": "%s", "label": "%s", "level": %s, "clients": %s, "exit_status": %s, "output": "%s", "bench_json": "%s", %s}\n' \
     "$scenario" "$label" "$level" "$level" "$status" "$out/points/$name.out" "$out/points/$name.bench.json" "$cpu" \
     >"$out/points/$name.json"
@@ -378,35 +492,31 @@ service_point() { # server label scenario level
 }
 
 # --- The run ----------------------------------------------------------------------------
-start_server warn warn
-# operation (load generator scenario) : the yardstick script : the script as sent today
-for pair in claim:claim:claim-as-sent \
-  claim-complete:claim-complete:claim-complete-as-sent \
-  duplicate:duplicate-upsert:duplicate-as-sent; do
-  IFS=: read -r scenario yardstick as_sent <<<"$pair"
+# operation (the load generator's scenario) : hand-written script : the store's script
+declare -A comparisons=(
+  [claim-complete]="claim-complete:claim-complete-as-sent"
+  [duplicate]="duplicate:duplicate-as-sent"
+  [claim]="claim:claim-as-sent"
+  [claim-batch]="claim-unnest64:"
+)
+for operation in $operations; do
+  [[ -n "${comparisons[$operation]:-}" ]] || die "BENCH_OPERATIONS: unknown operation $operation"
+  IFS=: read -r handwritten store_script <<<"${comparisons[$operation]}"
   for level in $levels; do
-    measured pgbench_point "$yardstick" "$level"
-    measured pgbench_point "$as_sent" "$level"
-    measured service_point warn "$scenario" "$scenario" "$level"
+    measured pgbench_point handwritten "$handwritten" "$level"
+    if [[ "$as_sent" == 1 && -n "$store_script" ]]; then
+      measured pgbench_point as-sent "$store_script" "$level"
+    fi
+    measured service_point "$operation" "$operation" "$level" warn
   done
-done
-for level in $levels; do
-  measured pgbench_point claim-unnest64 "$level"
-  measured service_point warn claim-batch claim-batch "$level"
 done
 for scenario in contended mixed; do
-  for level in $extra_levels; do measured service_point warn "$scenario" "$scenario" "$level"; done
+  for level in $extra_levels; do measured service_point "$scenario" "$scenario" "$level" warn; done
 done
-if [[ -n "$info_levels" ]]; then
-  start_server info info
-  for level in $info_levels; do
-    measured service_point warn claim-complete-warn claim-complete "$level"
-    measured service_point info claim-complete-info claim-complete "$level"
-  done
-  stop_server info
-  log "info log: $(wc -l <"$out/server-info.log") lines, $(du -h "$out/server-info.log" | cut -f1)"
-fi
-stop_server warn
+for level in $info_levels; do
+  measured service_point claim-complete-warn claim-complete "$level" warn
+  measured service_point claim-complete-info claim-complete "$level" info
+done
 
 # --- The tables -------------------------------------------------------------------------
 status=0
