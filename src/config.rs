@@ -214,8 +214,16 @@ pub struct Config {
 
     /// Coalesced statements of one kind in flight at once. Few is the point:
     /// calls that arrive while every worker is busy wait and go together.
-    #[arg(long, env = "IDEMPOTENCY_COALESCE_WORKERS", default_value_t = 2)]
+    #[arg(long, env = "IDEMPOTENCY_COALESCE_WORKERS", default_value_t = 1)]
     pub coalesce_workers: usize,
+
+    /// Bytes of completed records each replica keeps in memory to answer
+    /// duplicate Claims without asking PostgreSQL (the replay cache); 0
+    /// turns it off. Purges reach every replica's cache through
+    /// LISTEN/NOTIFY (README: the replay cache). The embedded SQLite store
+    /// has no cache: its reads are local.
+    #[arg(long, env = "IDEMPOTENCY_REPLAY_CACHE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub replay_cache_bytes: u64,
 
     /// The most items in one ClaimBatch or CompleteBatch.
     #[arg(long, env = "IDEMPOTENCY_MAX_BATCH_ITEMS", default_value_t = 500)]

@@ -18,6 +18,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::{Namespace, RecordState};
+use crate::store::cache::CacheStats;
 use crate::store::{Store, StoreStats};
 
 /// Seconds; from half a millisecond (a replay on a warm pool) to the
@@ -105,6 +106,22 @@ fn describe() {
     describe_gauge!(
         "idempotency_store_up",
         "1 while the store answers health pings, else 0."
+    );
+    describe_counter!(
+        "idempotency_replay_cache_lookups_total",
+        "Claims checked against the replay cache, by result: hit (answered from memory) or miss (asked the store; fresh keys too)."
+    );
+    describe_gauge!(
+        "idempotency_replay_cache_bytes",
+        "Bytes the replay cache holds, by its own count (responses, fingerprints, keys and a fixed overhead per entry)."
+    );
+    describe_gauge!(
+        "idempotency_replay_cache_entries",
+        "Completed records the replay cache holds."
+    );
+    describe_gauge!(
+        "idempotency_replay_cache_fresh",
+        "1 while the purge feed vouches for the replay cache (it answers), else 0."
     );
 }
 
@@ -220,6 +237,16 @@ fn record_stats(stats: &StoreStats) {
     gauge!("idempotency_reaper_lag_seconds").set(stats.reaper_lag().as_secs_f64());
 }
 
+/// The replay cache counts its hits itself (an atomic add per Claim); they
+/// are published here with the pool gauges.
+fn record_cache(cache: &CacheStats) {
+    counter!("idempotency_replay_cache_lookups_total", "result" => "hit").absolute(cache.hits);
+    counter!("idempotency_replay_cache_lookups_total", "result" => "miss").absolute(cache.misses);
+    gauge!("idempotency_replay_cache_bytes").set(cache.bytes as f64);
+    gauge!("idempotency_replay_cache_entries").set(cache.entries as f64);
+    gauge!("idempotency_replay_cache_fresh").set(if cache.fresh { 1.0 } else { 0.0 });
+}
+
 /// Refreshes the pool gauges every few seconds and, when `records_every` is
 /// set, the records-by-state gauge (a full count: keep it slow on big tables).
 pub async fn watch_store<S: Store>(
@@ -234,6 +261,9 @@ pub async fn watch_store<S: Store>(
         gauge!("idempotency_db_pool_idle").set(f64::from(pool.idle));
         gauge!("idempotency_db_pool_max").set(f64::from(pool.max));
         gauge!("idempotency_db_pool_waiting").set(f64::from(pool.waiting()));
+        if let Some(cache) = store.cache_stats() {
+            record_cache(&cache);
+        }
         if let Some(every) = records_every
             && last_count.is_none_or(|t| t.elapsed() >= every)
         {

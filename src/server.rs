@@ -24,6 +24,7 @@ use crate::lifecycle::Lifecycle;
 use crate::metrics::{self, NamespaceLabels};
 use crate::reaper;
 use crate::reload::Reloading;
+use crate::store::cache::Cached;
 use crate::store::coalesce::Coalesced;
 use crate::store::{AnyStore, Store};
 use crate::tls::{self, TlsConfig};
@@ -112,22 +113,19 @@ pub async fn run(
     config.validate()?;
     let security = Security::open(&config)?;
     match AnyStore::open(&config.store_options()?, config.run_migrations).await? {
-        AnyStore::Postgres(store) if config.coalesce => {
-            tracing::info!(
-                store = "postgres",
-                coalesce = true,
-                "using the PostgreSQL store"
-            );
-            let store = Coalesced::new(store, config.coalesce_options());
-            serve(store, &config, security, listener, shutdown).await
-        }
         AnyStore::Postgres(store) => {
             tracing::info!(
                 store = "postgres",
-                coalesce = false,
+                coalesce = config.coalesce,
+                replay_cache_bytes = config.replay_cache_bytes,
                 "using the PostgreSQL store"
             );
-            serve(store, &config, security, listener, shutdown).await
+            if config.coalesce {
+                let store = Coalesced::new(store, config.coalesce_options());
+                serve_cached(store, &config, security, listener, shutdown).await
+            } else {
+                serve_cached(store, &config, security, listener, shutdown).await
+            }
         }
         AnyStore::Sqlite(store) => {
             tracing::info!(
@@ -138,6 +136,22 @@ pub async fn run(
             serve(store, &config, security, listener, shutdown).await
         }
     }
+}
+
+/// Serves a store behind the replay cache, unless its budget is zero.
+async fn serve_cached<S: Store>(
+    store: S,
+    config: &Config,
+    security: Security,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    if config.replay_cache_bytes > 0
+        && let Some(cached) = Cached::new(store.clone(), config.replay_cache_bytes)
+    {
+        return serve(cached, config, security, listener, shutdown).await;
+    }
+    serve(store, config, security, listener, shutdown).await
 }
 
 /// Serves one store. Health starts NOT_SERVING and turns SERVING once the

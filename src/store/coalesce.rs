@@ -323,6 +323,10 @@ impl<S: Store> Store for Coalesced<S> {
         self.inner.pool_status()
     }
 
+    fn purge_feed(&self) -> Option<mpsc::Receiver<super::PurgeEvent>> {
+        self.inner.purge_feed()
+    }
+
     async fn ping(&self) -> Result<(), Error> {
         self.inner.ping().await
     }

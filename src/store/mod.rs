@@ -7,6 +7,7 @@
 //! serialised by the row lock, never by Rust code. Each store keeps its SQL and
 //! its migrations beside it; nothing above this module sees sqlx.
 
+pub mod cache;
 pub mod coalesce;
 pub mod postgres;
 pub mod sqlite;
@@ -189,6 +190,19 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// The connection pool's state right now, for metrics.
     fn pool_status(&self) -> PoolStatus;
 
+    /// Starts telling, in commit order, which records any process purged,
+    /// with heartbeats that vouch nothing was missed: what a cache of
+    /// completed records needs to stay right. `None` for a store that
+    /// cannot (the default).
+    fn purge_feed(&self) -> Option<tokio::sync::mpsc::Receiver<PurgeEvent>> {
+        None
+    }
+
+    /// The replay cache's counters, when the store has one.
+    fn cache_stats(&self) -> Option<cache::CacheStats> {
+        None
+    }
+
     /// Answers when the store is usable (for health).
     fn ping(&self) -> impl Future<Output = Result<(), Error>> + Send;
 
@@ -207,6 +221,18 @@ pub enum FirstClaim {
     /// A record appeared between the step's read and its write (or the key
     /// was named twice in one batch): read it again.
     Raced,
+}
+
+/// What a store's purge feed tells.
+#[derive(Debug, Clone)]
+pub enum PurgeEvent {
+    /// The record was purged (by this process or another).
+    Purged(Namespace, Key),
+    /// Every purge committed before this instant (this machine's monotonic
+    /// clock) has been told.
+    CaughtUp(std::time::Instant),
+    /// Purges may have been missed (the feed's connection was lost).
+    Lost,
 }
 
 /// Unexpired records of one namespace in one state.
