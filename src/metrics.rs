@@ -6,13 +6,14 @@
 //! several servers in one process). Label values stay bounded: never the key,
 //! and the namespace only when the operator lists the namespaces to label.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, OnceLock, RwLock};
 use std::time::Duration;
 
 use metrics::{
-    Label, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    Counter, Histogram, Label, counter, describe_counter, describe_gauge, describe_histogram,
+    gauge, histogram,
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tokio_util::sync::CancellationToken;
@@ -143,12 +144,18 @@ impl NamespaceLabels {
         Self((!listed.is_empty()).then(|| Arc::new(listed)))
     }
 
+    /// The namespace label's value for a call, `None` without a list.
+    fn value(&self, namespace: Option<&Namespace>) -> Option<String> {
+        let listed = self.0.as_ref()?;
+        Some(match namespace {
+            Some(ns) if listed.contains(ns.as_str()) => ns.as_str().to_owned(),
+            _ => "other".to_owned(),
+        })
+    }
+
+    #[cfg(test)]
     fn push(&self, labels: &mut Vec<Label>, namespace: Option<&Namespace>) {
-        if let Some(listed) = &self.0 {
-            let value = match namespace {
-                Some(ns) if listed.contains(ns.as_str()) => ns.as_str().to_owned(),
-                _ => "other".to_owned(),
-            };
+        if let Some(value) = self.value(namespace) {
             labels.push(Label::new("namespace", value));
         }
     }
@@ -165,33 +172,116 @@ pub struct CallRecord<'a> {
     pub lease_lost: bool,
 }
 
+/// The label set of one kind of finished call.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct CallKind {
+    method: &'static str,
+    code: &'static str,
+    claim_outcome: Option<&'static str>,
+    /// The namespace label's value, when the operator listed namespaces.
+    namespace: Option<String>,
+}
+
+/// The metric handles of one kind of call. Takeovers and lost leases are
+/// registered when first counted, so that no series shows until it happens.
+struct CallHandles {
+    calls: Counter,
+    duration: Histogram,
+    claims: Option<Counter>,
+    takeovers: OnceLock<Counter>,
+    lease_lost: OnceLock<Counter>,
+    /// The namespace label, when there is one.
+    common: Vec<Label>,
+    method: &'static str,
+}
+
+impl CallHandles {
+    fn register(kind: &CallKind) -> Self {
+        let common: Vec<Label> = kind
+            .namespace
+            .iter()
+            .map(|value| Label::new("namespace", value.clone()))
+            .collect();
+        let with = |extra: &[(&'static str, &'static str)]| labelled(&common, extra);
+        Self {
+            calls: counter!(
+                "idempotency_calls_total",
+                with(&[("method", kind.method), ("code", kind.code)])
+            ),
+            duration: histogram!("idempotency_call_duration_seconds", "method" => kind.method),
+            claims: kind
+                .claim_outcome
+                .map(|outcome| counter!("idempotency_claims_total", with(&[("outcome", outcome)]))),
+            takeovers: OnceLock::new(),
+            lease_lost: OnceLock::new(),
+            method: kind.method,
+            common,
+        }
+    }
+
+    fn takeovers(&self) -> &Counter {
+        self.takeovers.get_or_init(|| {
+            counter!(
+                "idempotency_lease_takeovers_total",
+                labelled(&self.common, &[])
+            )
+        })
+    }
+
+    fn lease_lost(&self) -> &Counter {
+        self.lease_lost.get_or_init(|| {
+            counter!(
+                "idempotency_lease_lost_total",
+                labelled(&self.common, &[("method", self.method)])
+            )
+        })
+    }
+}
+
+fn labelled(common: &[Label], extra: &[(&'static str, &'static str)]) -> Vec<Label> {
+    let mut all = common.to_vec();
+    all.extend(extra.iter().map(|(k, v)| Label::new(*k, *v)));
+    all
+}
+
+/// Handles by kind of call, registered once each: registering (hashing a
+/// name and its labels, a lookup in the exporter's registry, a few
+/// allocations) cost more than the rest of a call's metrics. The kinds are
+/// bounded: methods times codes times outcomes times the listed namespaces.
+static CALL_HANDLES: LazyLock<RwLock<HashMap<CallKind, Arc<CallHandles>>>> =
+    LazyLock::new(RwLock::default);
+
+fn call_handles(kind: CallKind) -> Arc<CallHandles> {
+    if let Some(handles) = CALL_HANDLES
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&kind)
+    {
+        return handles.clone();
+    }
+    let mut all = CALL_HANDLES.write().unwrap_or_else(|e| e.into_inner());
+    all.entry(kind)
+        .or_insert_with_key(|kind| Arc::new(CallHandles::register(kind)))
+        .clone()
+}
+
 pub fn record_call(labels: &NamespaceLabels, call: CallRecord<'_>) {
-    let mut common = Vec::with_capacity(1);
-    labels.push(&mut common, call.namespace);
-    let with = |extra: &[(&'static str, &'static str)]| {
-        let mut all = common.clone();
-        all.extend(extra.iter().map(|(k, v)| Label::new(*k, *v)));
-        all
-    };
-    counter!(
-        "idempotency_calls_total",
-        with(&[("method", call.method), ("code", call.code)])
-    )
-    .increment(1);
-    histogram!("idempotency_call_duration_seconds", "method" => call.method)
-        .record(call.latency.as_secs_f64());
-    if let Some(outcome) = call.claim_outcome {
-        counter!("idempotency_claims_total", with(&[("outcome", outcome)])).increment(1);
+    let handles = call_handles(CallKind {
+        method: call.method,
+        code: call.code,
+        claim_outcome: call.claim_outcome,
+        namespace: labels.value(call.namespace),
+    });
+    handles.calls.increment(1);
+    handles.duration.record(call.latency.as_secs_f64());
+    if let Some(claims) = &handles.claims {
+        claims.increment(1);
     }
     if call.took_over {
-        counter!("idempotency_lease_takeovers_total", with(&[])).increment(1);
+        handles.takeovers().increment(1);
     }
     if call.lease_lost {
-        counter!(
-            "idempotency_lease_lost_total",
-            with(&[("method", call.method)])
-        )
-        .increment(1);
+        handles.lease_lost().increment(1);
     }
 }
 
