@@ -73,6 +73,8 @@
 # Needs pgbench, psql and python3 (and initdb/pg_ctl for the throwaway cluster).
 set -eEuo pipefail
 cd "$(dirname "$0")/.."
+bench_name=compare
+source bench/lib.sh
 
 smoke=0
 case "${1:-}" in
@@ -108,8 +110,8 @@ out="${BENCH_OUT:-target/bench/$(date +%Y%m%d-%H%M%S)}"
 database=idempotency_bench
 duplicate_keys=100
 
-log() { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+log() { bench_log "$@"; }
+die() { bench_die "$@"; }
 
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "BENCH_SECONDS must be a whole number of seconds: $seconds"
 for tool in pgbench psql python3; do
@@ -120,58 +122,19 @@ mkdir -p "$out/points" "$out/bin"
 out="$(cd "$out" && pwd)"
 log "results in $out"
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
 # --- PostgreSQL: the one BENCH_PG_URL names, or a throwaway cluster --------------
-cluster_dir=""
-declare -A pids=()
 server_pid=""
-stop_pid() { # pid
-  local pid="$1"
-  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  fi
-}
-as_postgres() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 cleanup() {
   stop_pid "$server_pid"
   if [[ -n "${pg_server:-}" ]]; then
     psql "$pg_server/postgres" -qc "DROP DATABASE IF EXISTS $database WITH (FORCE)" >/dev/null 2>&1 || true
   fi
-  if [[ -n "$cluster_dir" ]]; then
-    as_postgres "$pg_bin/pg_ctl" -D "$cluster_dir/data" -m fast -w stop >/dev/null 2>&1 || true
-    rm -rf "$cluster_dir"
-  fi
+  stop_postgres
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 trap 'log "error: line $LINENO: $BASH_COMMAND"' ERR
-
-if [[ -n "${BENCH_PG_URL:-}" ]]; then
-  pg_server="${BENCH_PG_URL%/}"
-  [[ "$pg_server" =~ ^postgres(ql)?://([^@/]*@)?(127\.[0-9]+\.[0-9]+\.[0-9]+|localhost|\[::1\])(:[0-9]+)?$ ]] ||
-    die "BENCH_PG_URL must be postgres://[user@]HOST[:port] with a loopback HOST (no database, no parameters): $pg_server"
-else
-  pg_bin="$(pg_config --bindir 2>/dev/null || true)"
-  [[ -x "$pg_bin/initdb" ]] || pg_bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
-  [[ -x "$pg_bin/initdb" ]] || die "no initdb found: install PostgreSQL's server package, or set BENCH_PG_URL"
-  cluster_dir="$(mktemp -d /tmp/idempotency-bench-pg.XXXXXX)"
-  chmod 755 "$cluster_dir"
-  [[ $(id -u) != 0 ]] || chown postgres: "$cluster_dir"
-  pg_port=$(free_port)
-  log "starting a throwaway PostgreSQL ($pg_bin) on 127.0.0.1:$pg_port"
-  as_postgres "$pg_bin/initdb" -D "$cluster_dir/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$cluster_dir/initdb.log" 2>&1 ||
-    die "initdb failed: $(tail -5 "$cluster_dir/initdb.log")"
-  as_postgres "$pg_bin/pg_ctl" -D "$cluster_dir/data" -l "$cluster_dir/postgres.log" -w -t 60 \
-    -o "-c port=$pg_port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$cluster_dir -c max_connections=300 -c shared_preload_libraries=pg_stat_statements -c track_wal_io_timing=on" \
-    start >/dev/null || die "PostgreSQL did not start: $(tail -5 "$cluster_dir/postgres.log")"
-  pg_server="postgres://postgres@127.0.0.1:$pg_port"
-fi
+start_postgres
 db_url="$pg_server/$database"
 admin_sql() { psql "$pg_server/postgres" -qAtX -v ON_ERROR_STOP=1 "$@"; }
 sql() { psql "$db_url" -qAtX -v ON_ERROR_STOP=1 "$@"; }
@@ -237,7 +200,7 @@ pgbench_cap="${BENCH_PGBENCH_MAX_CLIENTS:-$((max_connections - 26))}"
   echo "cpus: $(nproc) ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))"
   echo "memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "postgres: $(sql -c 'SHOW server_version') ($([[ -n "$cluster_dir" ]] && echo "throwaway cluster" || echo "$pg_server"))"
+  echo "postgres: $(sql -c 'SHOW server_version') ($([[ -n "$pg_cluster_dir" ]] && echo "throwaway cluster" || echo "$pg_server"))"
   for setting in synchronous_commit fsync wal_sync_method shared_buffers max_connections ssl; do
     echo "postgres $setting: $(sql -c "SHOW $setting")"
   done
@@ -433,6 +396,13 @@ pgbench_point() { # side (handwritten|as-sent) script level
     -D resp="$response" -D dupkeys="$duplicate_keys" \
     --log --log-prefix="$out/points/$name.log" \
     -f "$dir/$script.sql" "$db_url" >"$out/points/$name.out" 2>&1 || status=$?
+  # pgbench's backends exit as it does; their CPU reaches the postmaster's
+  # count of exited children once it has reaped them.
+  for _ in $(seq 1 50); do
+    [[ $(admin_sql -c "SELECT count(*) FROM pg_stat_activity WHERE datname = '$database'") == 0 ]] && break
+    sleep 0.1
+  done
+  sleep 0.1
   point_finished "$out/points/$name.statements.txt"
   printf '{"source": "pgbench", "side": "%s", "scenario": "%s", "level": %s, "clients": %s, "exit_status": %s, "output": "%s", "log_prefix": "%s", %s}\n' \
     "$side" "$script" "$level" "$clients" "$status" "$out/points/$name.out" "$out/points/$name.log" "$cpu" \
@@ -443,19 +413,9 @@ pgbench_point() { # side (handwritten|as-sent) script level
 
 # --- One service point: a fresh server, the load generator, the server stopped ------------
 start_server() { # rust_log logfile
-  local port metrics_port
-  port=$(free_port)
-  metrics_port=$(free_port)
-  env DATABASE_URL="$db_url" IDEMPOTENCY_LISTEN_ADDR="127.0.0.1:$port" IDEMPOTENCY_RUN_MIGRATIONS=false \
-    IDEMPOTENCY_METRICS_ADDR="127.0.0.1:$metrics_port" RUST_LOG="$1" "${server_env[@]}" "$server_bin" >"$2" 2>&1 &
-  server_pid=$!
-  target="http://127.0.0.1:$port"
-  for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
-    kill -0 "$server_pid" 2>/dev/null || die "the server exited at start: see $2"
-    sleep 0.1
-  done
-  die "the server did not listen on $port within 10 s: see $2"
+  start_service "$db_url" "$1" "$2" "${server_env[@]}"
+  server_pid=$service_pid
+  target=$service_target
 }
 
 service_point() { # label scenario level rust_log
