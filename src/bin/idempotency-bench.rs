@@ -48,7 +48,62 @@ use idempotency_service::grpc::proto::{
     ReleaseRequest,
 };
 
-type Client = IdempotencyServiceClient<Channel>;
+type Client = IdempotencyServiceClient<Transport>;
+
+/// How the callers' requests reach a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum ClientKind {
+    /// hyper's HTTP/2 client connection, driven directly: the leanest gRPC
+    /// client, as pgbench is the leanest SQL one (the default).
+    H2,
+    /// tonic's `Channel`, which puts a tower `Buffer` task in front of each
+    /// connection: one more task hand-over per call.
+    Channel,
+}
+
+/// A connection as the generated client needs it: a service from HTTP
+/// requests to HTTP responses.
+#[derive(Clone)]
+enum Transport {
+    H2(hyper::client::conn::http2::SendRequest<tonic::body::Body>),
+    Channel(Channel),
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower::Service<http::Request<tonic::body::Body>> for Transport {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, BoxError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        match self {
+            Transport::H2(send) => send.poll_ready(cx).map_err(Into::into),
+            Transport::Channel(channel) => {
+                tower::Service::poll_ready(channel, cx).map_err(Into::into)
+            }
+        }
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        match self {
+            Transport::H2(send) => {
+                let response = send.send_request(request);
+                Box::pin(async move { Ok(response.await?.map(tonic::body::Body::new)) })
+            }
+            Transport::Channel(channel) => {
+                let response = tower::Service::call(channel, request);
+                Box::pin(async move { Ok(response.await?) })
+            }
+        }
+    }
+}
 
 /// Load generator for idempotency-service: runs one scenario against a
 /// loopback server and reports throughput, latency percentiles, outcomes and
@@ -87,6 +142,10 @@ struct Args {
     /// --concurrency).
     #[arg(long, default_value_t = 4)]
     connections: usize,
+
+    /// The client stack each connection is driven by.
+    #[arg(long, value_enum, default_value_t = ClientKind::H2)]
+    client: ClientKind,
 
     /// Namespace of every key. Default: a random one per run, so that runs
     /// never see each other's keys.
@@ -619,18 +678,49 @@ fn cpu_seconds() -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
-async fn connect(target: &str, connections: usize) -> anyhow::Result<Vec<Client>> {
+async fn connect(
+    target: &str,
+    connections: usize,
+    kind: ClientKind,
+) -> anyhow::Result<Vec<Client>> {
     let endpoint = Endpoint::from_shared(target.to_owned())
         .context("--target")?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(5));
+    let origin: Uri = target.parse().context("--target")?;
     let mut clients = Vec::with_capacity(connections);
     for _ in 0..connections {
-        let channel = endpoint
-            .connect()
-            .await
-            .with_context(|| format!("connecting to {target}"))?;
-        clients.push(IdempotencyServiceClient::new(channel));
+        let transport = match kind {
+            ClientKind::Channel => Transport::Channel(
+                endpoint
+                    .connect()
+                    .await
+                    .with_context(|| format!("connecting to {target}"))?,
+            ),
+            ClientKind::H2 => {
+                let authority = origin.authority().context("--target has no host")?.as_str();
+                let stream = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    tokio::net::TcpStream::connect(authority),
+                )
+                .await
+                .with_context(|| format!("connecting to {target}: timed out"))?
+                .with_context(|| format!("connecting to {target}"))?;
+                stream.set_nodelay(true)?;
+                let (send, connection) = hyper::client::conn::http2::handshake(
+                    hyper_util::rt::TokioExecutor::new(),
+                    hyper_util::rt::TokioIo::new(stream),
+                )
+                .await
+                .with_context(|| format!("HTTP/2 handshake with {target}"))?;
+                tokio::spawn(connection);
+                Transport::H2(send)
+            }
+        };
+        clients.push(IdempotencyServiceClient::with_origin(
+            transport,
+            origin.clone(),
+        ));
     }
     Ok(clients)
 }
@@ -845,7 +935,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| format!("bench-{:016x}", rand::random::<u64>()));
     let connections = args.connections.min(args.concurrency);
-    let clients = connect(&args.target, connections).await?;
+    let clients = connect(&args.target, connections, args.client).await?;
     wait_ready(&mut clients[0].clone(), &namespace, args.wait_ready).await?;
 
     let response = vec![b'r'; args.response_bytes];
