@@ -219,15 +219,16 @@ SET lease_expires_at = now() + $4::float8 * interval '1 microsecond',
 WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
 RETURNING lease_expires_at";
 
-/// Deletes one bounded batch. SKIP LOCKED lets replicas reap side by side
-/// without waiting on each other or on a Claim that is taking a row over; the
-/// outer condition re-checks expiry on the locked row.
+/// Deletes one bounded batch, oldest first, through the index on reap_at
+/// (expires_at's stored copy: see its migration). SKIP LOCKED lets replicas
+/// reap side by side without waiting on each other or on a Claim that is
+/// taking a row over; the outer condition re-checks expiry on the locked row.
 const REAP: &str = "
 DELETE FROM idempotency_records
 WHERE ctid = ANY (ARRAY(
         SELECT ctid FROM idempotency_records
-        WHERE expires_at <= now()
-        ORDER BY expires_at
+        WHERE reap_at <= now()
+        ORDER BY reap_at
         LIMIT $1
         FOR UPDATE SKIP LOCKED))
   AND expires_at <= now()";
