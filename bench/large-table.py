@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Turns the points of one bench/large-table.sh run into its tables.
+
+    bench/large-table.py OUT_DIR
+
+Reads OUT_DIR/run.json (the settings), OUT_DIR/points/*.json (one per point,
+with the load generator's JSON beside it) and OUT_DIR/tables/*.json (the
+table's sizes and statistics per step, the fills and the expiry schedules).
+Writes OUT_DIR/summary.md (printed too) and OUT_DIR/summary.json, and exits 1
+when a point failed, reported errors, or a number is missing.
+"""
+
+import json
+import os
+import sys
+
+# The issue's targets (issue 13).
+CLAIM_COMPLETE_RATIO = 0.8
+EXPIRY_RATE_TARGET = 5000
+# A reaper that keeps pace leaves no expired row waiting much longer than one
+# of its intervals; one that falls behind leaves rows waiting most of the window.
+PACE_INTERVALS = 1.5
+
+
+def load(path, problems, what):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        problems.append(f"{what}: missing or unreadable {path}")
+        return None
+
+
+def read_point(out, step, scenario, problems):
+    """The point's figures: rate, p50/p99 (µs) and the script's readings."""
+    name = f"{scenario}-{step}"
+    point = load(os.path.join(out, "points", f"{name}.json"), problems, name)
+    if point is None:
+        return None
+    # Beside the point's JSON, so that a results folder can be moved.
+    bench_json = os.path.join(out, "points", os.path.basename(point["bench_json"]))
+    result = load(bench_json, problems, f"{name} (exit {point['exit_status']}, see {point['output']})")
+    if result is None:
+        return None
+    if point["exit_status"] != 0:
+        problems.append(f"{name}: the load generator exited {point['exit_status']}: {point['output']}")
+    if result["errors_total"] > 0:
+        problems.append(f"{name}: {result['errors_total']} errors {result['errors']} {result['error_samples']}")
+    if result["ops"] == 0:
+        problems.append(f"{name}: no operation completed")
+    op = result["latency_us"].get(f"op:{scenario}", {})
+    point["rate"] = result["keys_per_s"] if scenario == "claim-batch" else result["ops_per_s"]
+    point["ops"] = result["ops"]
+    point["p50_us"] = op.get("p50")
+    point["p99_us"] = op.get("p99")
+    if point["p50_us"] is None or point["p99_us"] is None:
+        problems.append(f"{name}: no latency for op:{scenario}")
+    point["result"] = result
+    return point
+
+
+def reaper_figures(point, run, problems, name):
+    """Deletions in the window against the expiries the schedule put in it."""
+    window = point["window_end"] - point["window_start"]
+    deleted = point["reaper_deleted_end"] - point["reaper_deleted_start"]
+    start, rows, rate = point["expiry_start"], point["expiry_rows"], point["expiry_rate"]
+    end = start + rows / rate
+    overlap = max(0.0, min(end, point["window_end"]) - max(start, point["window_start"]))
+    expired = rate * overlap
+    figures = {
+        "window_s": round(window, 3),
+        "deleted": deleted,
+        "deleted_per_s": deleted / window,
+        "expired_in_window": round(expired),
+        "expired_per_s": expired / window,
+        "ratio": (deleted / expired) if expired else None,
+        "covered": start <= point["window_start"] and end >= point["window_end"],
+        "backlog_start_rows": point["backlog_start_rows"],
+        "backlog_end_rows": point["backlog_end_rows"],
+        "backlog_end_oldest_s": point["backlog_end_oldest_s"],
+    }
+    if not expired:
+        problems.append(f"{name}: no expiry fell in the window")
+    return figures
+
+
+def size_text(n):
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def ms(us):
+    return "–" if us is None else f"{us / 1000:.2f}"
+
+
+def ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def ratio_text(r):
+    return "–" if r is None else f"{r:.2f}x"
+
+
+def main():
+    out = sys.argv[1]
+    problems = []
+    run = load(os.path.join(out, "run.json"), problems, "run settings")
+    if run is None:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    steps = ["empty"] + [str(size) for size in run["sizes"]]
+    rows = []
+    for step in steps:
+        entry = {"step": step}
+        entry["before"] = load(os.path.join(out, "tables", f"{step}-before.json"), problems, f"{step} table before")
+        entry["after"] = load(os.path.join(out, "tables", f"{step}-after.json"), problems, f"{step} table after")
+        if step != "empty":
+            entry["fill"] = load(os.path.join(out, "tables", f"fill-{step}.json"), problems, f"{step} fill")
+        for scenario in ("claim-complete", "duplicate", "claim-batch"):
+            entry[scenario] = read_point(out, step, scenario, problems)
+        cc = entry["claim-complete"]
+        if step != "empty" and cc is not None:
+            if "expiry_start" not in cc:
+                problems.append(f"claim-complete-{step}: no expiry schedule")
+            else:
+                entry["reaper"] = reaper_figures(cc, run, problems, f"claim-complete-{step}")
+        rows.append(entry)
+
+    base = rows[0]
+
+    def rate(entry, scenario):
+        point = entry.get(scenario)
+        return None if point is None else point["rate"]
+
+    lines = [
+        f"Table growth: Claim+Complete at {run['callers']} callers for {run['window_s']} s while "
+        f"{run['expiry_rate']} rows/s expire (reaper every {run['reaper_interval']}), duplicates at "
+        f"{run['callers']} callers and ClaimBatch of {run['batch_size']} at {run['batch_callers']} callers "
+        f"for {run['seconds']} s each; ratios against the empty table.",
+        "",
+        "| rows | table | indexes | claim+complete/s | vs empty | p50 ms | p99 ms | p99 vs empty "
+        "| reaper deleted/s | expired/s | ratio | backlog at end (rows, oldest s) "
+        "| duplicates/s | vs empty | ClaimBatch keys/s | vs empty | autovacuum runs |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for entry in rows:
+        before, after = entry["before"], entry["after"]
+        cc = entry.get("claim-complete")
+        reaper = entry.get("reaper")
+        cells = ["empty (100 rows)"]
+        if entry["step"] != "empty":
+            cells[0] = f"{int(entry['step']):,}"
+        if before:
+            cells += [size_text(before["table_bytes"]), size_text(sum(before["indexes"].values()))]
+        else:
+            cells += ["?", "?"]
+        cc_rate = rate(entry, "claim-complete")
+        cells += [
+            "?" if cc_rate is None else f"{cc_rate:,.0f}",
+            ratio_text(ratio(cc_rate, rate(base, "claim-complete"))),
+            ms(cc and cc["p50_us"]),
+            ms(cc and cc["p99_us"]),
+            ratio_text(ratio(cc and cc["p99_us"], base.get("claim-complete") and base["claim-complete"]["p99_us"])),
+        ]
+        if reaper:
+            cells += [
+                f"{reaper['deleted_per_s']:,.0f}",
+                f"{reaper['expired_per_s']:,.0f}" + ("" if reaper["covered"] else " (partial)"),
+                ratio_text(reaper["ratio"]),
+                f"{reaper['backlog_end_rows']:,}, {reaper['backlog_end_oldest_s']:.0f}",
+            ]
+        else:
+            cells += ["–", "–", "–", "–"]
+        for scenario in ("duplicate", "claim-batch"):
+            r = rate(entry, scenario)
+            cells += ["?" if r is None else f"{r:,.0f}", ratio_text(ratio(r, rate(base, scenario)))]
+        if before and after:
+            runs = after["autovacuum_count"] - before["autovacuum_count"]
+            analyses = after["autoanalyze_count"] - before["autoanalyze_count"]
+            text = f"{runs} (analyze {analyses})"
+            if after["autovacuum_running"]:
+                text += ", one running at the end"
+            cells.append(text)
+        else:
+            cells.append("?")
+        lines.append("| " + " | ".join(cells) + " |")
+
+    # The table per step: every index, the tuples and autovacuum.
+    lines += [
+        "",
+        "| rows | when | table | " + "indexes (each) | live tuples | dead tuples | autovacuum / autoanalyze runs | last autovacuum |",
+        "|---:|---|---:|---|---:|---:|---|---|",
+    ]
+    for entry in rows:
+        for when in ("before", "after"):
+            t = entry[when]
+            if not t:
+                continue
+            indexes = ", ".join(f"{name} {size_text(size)}" for name, size in sorted(t["indexes"].items()))
+            lines.append(
+                f"| {entry['step']} | {when} | {size_text(t['table_bytes'])} | {indexes} | {t['n_live_tup']:,} "
+                f"| {t['n_dead_tup']:,} | {t['autovacuum_count']} / {t['autoanalyze_count']} "
+                f"| {t['last_autovacuum'] or '–'} |"
+            )
+
+    # The fills.
+    fills = [entry["fill"] for entry in rows if entry.get("fill")]
+    if fills:
+        lines += ["", "| fill to | rows added | seconds | s per million rows added | clearing the previous step s "
+                  "| insert s | indexes s | vacuum, checkpoint, restart s |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for fill in fills:
+            lines.append(
+                f"| {fill['fill_rows']:,} | {fill['rows_added']:,} | {fill['seconds']:.1f} "
+                f"| {fill['seconds'] / fill['rows_added'] * 1e6:.1f} | {fill['clear_s']:.1f} | {fill['insert_s']:.1f} "
+                f"| {fill['indexes_s']:.1f} | {fill['vacuum_checkpoint_restart_s']:.1f} |"
+            )
+
+    # The targets, at the largest size.
+    largest = rows[-1]
+    targets = []
+    if len(rows) > 1:
+        r = ratio(rate(largest, "claim-complete"), rate(base, "claim-complete"))
+        met = None if r is None else r >= CLAIM_COMPLETE_RATIO
+        targets.append({
+            "target": f"claim+complete at {run['callers']} callers at {int(largest['step']):,} rows "
+                      f"≥ {CLAIM_COMPLETE_RATIO}x the empty table's (issue: at 64 callers)",
+            "value": None if r is None else round(r, 3),
+            "met": met,
+            "text": ratio_text(r),
+        })
+        reaper = largest.get("reaper")
+        unjudged = []
+        if run["expiry_rate"] < EXPIRY_RATE_TARGET:
+            unjudged.append(f"the expiry rate is below {EXPIRY_RATE_TARGET:,}/s")
+        if run["window_s"] < 2 * run["reaper_interval_s"]:
+            unjudged.append("the window is shorter than 2 reaper intervals")
+        if reaper is not None and not reaper["covered"]:
+            unjudged.append("the expiries did not cover the window")
+        judged = not unjudged
+        limit = PACE_INTERVALS * run["reaper_interval_s"]
+        if reaper is None:
+            text, met = "?", None
+        else:
+            text = (f"oldest expired row {reaper['backlog_end_oldest_s']:.0f} s at the end "
+                    f"(limit {limit:.0f} s); deleted {reaper['deleted_per_s']:,.0f}/s against "
+                    f"{reaper['expired_per_s']:,.0f}/s expiring")
+            met = reaper["backlog_end_oldest_s"] <= limit if judged else None
+            if not judged:
+                text += "; not judged: " + " and ".join(unjudged)
+        targets.append({
+            "target": f"the reaper keeps pace with {EXPIRY_RATE_TARGET:,} expiries/s at {int(largest['step']):,} rows",
+            "value": None if reaper is None else reaper["backlog_end_oldest_s"],
+            "met": met,
+            "text": text,
+        })
+        lines += ["", "| target | figure | met |", "|---|---|---|"]
+        for t in targets:
+            met_text = {True: "yes", False: "no", None: "not judged"}[t["met"]]
+            lines.append(f"| {t['target']} | {t['text']} | {met_text} |")
+
+    notes = []
+    for entry in rows:
+        reaper = entry.get("reaper")
+        if reaper and not reaper["covered"]:
+            notes.append(f"{entry['step']}: the expiries did not cover the whole window (see tables/expiry-{entry['step']}.json)")
+    notes.append("'rows' counts the fill; the points of a step add their own rows (fresh keys, 24 h retention), "
+                 "counted in the live tuples, and they are deleted before the next step's fill.")
+    lines += [""] + [f"- {note}" for note in notes]
+
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(text)
+    summary = {
+        "run": run,
+        "steps": [{k: v for k, v in entry.items() if k not in ("claim-complete", "duplicate", "claim-batch")}
+                  | {s: ({k: v for k, v in entry[s].items() if k != "result"} if entry.get(s) else None)
+                     for s in ("claim-complete", "duplicate", "claim-batch")}
+                  for entry in rows],
+        "targets": targets,
+        "problems": problems,
+    }
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if problems:
+        print("problems:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
