@@ -239,8 +239,9 @@ pub struct Config {
     #[arg(long, env = "IDEMPOTENCY_METRICS_NAMESPACES", value_delimiter = ',')]
     pub metrics_namespaces: Vec<String>,
 
-    /// How often the `idempotency_records` gauge counts records by state (a
-    /// full count of the table); 0s turns it off.
+    /// How often the `idempotency_records` gauge counts records by state
+    /// (exact up to a million rows; above, estimated from a sample); 0s
+    /// turns it off.
     #[arg(long, env = "IDEMPOTENCY_RECORDS_GAUGE_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     pub records_gauge_interval: Duration,
 

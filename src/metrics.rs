@@ -360,7 +360,7 @@ pub async fn watch_store<S: Store>(
             last_count = Some(tokio::time::Instant::now());
             let counted = tokio::select! {
                 () = stop.cancelled() => return,
-                counted = store.stats() => counted,
+                counted = store.stats_estimate() => counted,
             };
             match counted {
                 Ok(stats) => record_stats(&stats),

@@ -408,3 +408,76 @@ async fn the_command_line_works_on_postgres() {
 async fn the_command_line_works_on_sqlite() {
     the_command_line_gets_purges_and_counts(Backend::Sqlite).await;
 }
+
+/// Every replica refreshes the records gauge every minute, so on a large
+/// table it must not count every row: above a million rows it estimates the
+/// live records from a sample of pages, and counts the expired ones through
+/// the reaper's index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_large_table_the_records_gauge_is_estimated_from_a_sample() {
+    use sqlx::Connection;
+    const COMPLETED: i64 = 1_200_000;
+    const EXPIRED: i64 = 3_000;
+    let store = StoreFixture::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    // The schema first (the server's migrations), then the rows, straight
+    // into the table: live completed ones, and expired ones the reaper has
+    // not deleted (the server below never runs it).
+    let migrate = store_command(&store, dir.path())
+        .arg("migrate")
+        .output()
+        .unwrap();
+    assert!(migrate.status.success(), "{migrate:?}");
+    let url = store.database_url.clone().unwrap();
+    let mut sql = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_records (namespace, key, state, fencing_token, lease_token,
+             response, retention_us, expires_at, created_at, updated_at)
+         SELECT 'big', g::text, 2, 1, '\\x00112233445566778899aabbccddeeff', 'r', 86400000000,
+                now() + CASE WHEN g <= $2 THEN interval '-1 hour' ELSE interval '1 day' END,
+                now(), now()
+         FROM generate_series(1, $1 + $2) AS g",
+    )
+    .bind(COMPLETED)
+    .bind(EXPIRED)
+    .execute(&mut sql)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE idempotency_records")
+        .execute(&mut sql)
+        .await
+        .unwrap();
+
+    let metrics_port = free_port();
+    let mut serve = store_command(&store, dir.path());
+    serve
+        .env(
+            "IDEMPOTENCY_METRICS_ADDR",
+            format!("127.0.0.1:{metrics_port}"),
+        )
+        .env("IDEMPOTENCY_RECORDS_GAUGE_INTERVAL", "1s")
+        .env("IDEMPOTENCY_REAPER_INTERVAL", "1h");
+    let _server = ServerProcess::start(serve).await;
+    let metrics = eventually(Duration::from_secs(30), || async {
+        let m = scrape(metrics_port).await;
+        m.contains_key("idempotency_records{state=\"completed\"}")
+            .then_some(m)
+    })
+    .await
+    .expect("the records gauge was never published");
+    let completed = metrics["idempotency_records{state=\"completed\"}"];
+    let error = (completed - COMPLETED as f64).abs() / COMPLETED as f64;
+    assert!(
+        error < 0.1,
+        "{completed} completed records estimated for {COMPLETED}"
+    );
+    assert_eq!(
+        metrics["idempotency_records{state=\"expired\"}"], EXPIRED as f64,
+        "expired rows are counted exactly, through the reaper's index"
+    );
+    let lag = metrics["idempotency_reaper_lag_seconds"];
+    assert!(
+        (3_590.0..3_700.0).contains(&lag),
+        "the oldest expired row waited about an hour: {lag}"
+    );
+}

@@ -412,6 +412,10 @@ impl<S: Store> Store for Cached<S> {
         self.inner.stats().await
     }
 
+    async fn stats_estimate(&self) -> Result<StoreStats, Error> {
+        self.inner.stats_estimate().await
+    }
+
     fn pool_status(&self) -> PoolStatus {
         self.inner.pool_status()
     }

@@ -184,8 +184,15 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<RecordState>, Error>> + Send;
 
     /// Counts records by namespace and state, and how far behind the reaper is.
-    /// A full scan: for operators and a slow periodic gauge, not for calls.
+    /// A full scan: for operators, not for calls.
     fn stats(&self) -> impl Future<Output = Result<StoreStats, Error>> + Send;
+
+    /// `stats` for the records gauge, which every replica refreshes every
+    /// minute: exact where a full count is cheap, estimated where it is not
+    /// (the default is `stats`).
+    fn stats_estimate(&self) -> impl Future<Output = Result<StoreStats, Error>> + Send {
+        self.stats()
+    }
 
     /// The connection pool's state right now, for metrics.
     fn pool_status(&self) -> PoolStatus;

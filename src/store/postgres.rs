@@ -290,6 +290,36 @@ SELECT now() AS now,
        min(expires_at) AS earliest_expiry
 FROM idempotency_records";
 
+/// The planner's estimate of the table's rows (free: no scan).
+const TABLE_ROWS: &str = "
+SELECT reltuples FROM pg_class WHERE oid = 'idempotency_records'::regclass";
+
+/// Up to this many rows, the records gauge counts them all.
+const EXACT_GAUGE_ROWS: f64 = 1_000_000.0;
+
+/// About how many rows the gauge's sample reads on a larger table.
+const SAMPLE_ROWS: f64 = 200_000.0;
+
+/// The gauge counts expired rows up to this many (a reaper this far behind
+/// needs no finer figure).
+const EXPIRED_COUNT_CAP: i64 = 1_000_000;
+
+/// STATS_LIVE from a sample of $1 percent of the table's pages, scaled up.
+const STATS_LIVE_SAMPLED: &str = "
+SELECT namespace, state, round(count(*) * 100.0 / $1::float8)::int8 AS count
+FROM idempotency_records TABLESAMPLE SYSTEM ($1::float8)
+WHERE expires_at > now()
+GROUP BY namespace, state ORDER BY namespace, state";
+
+/// STATS_SUMMARY through reap_at's index: expired rows counted up to $1,
+/// the oldest creation time left out.
+const STATS_SUMMARY_INDEXED: &str = "
+SELECT now() AS now,
+       (SELECT count(*) FROM (SELECT FROM idempotency_records WHERE reap_at <= now() LIMIT $1) AS e)
+           AS expired,
+       NULL::timestamptz AS oldest_created_at,
+       (SELECT min(reap_at) FROM idempotency_records) AS earliest_expiry";
+
 /// Settings of every session the store opens, so that a statement's plan is
 /// the same from the first call on a new table to the billionth on a large
 /// one.
@@ -563,6 +593,35 @@ fn lease_from_row(row: &PgRow, lease_token: LeaseToken) -> Result<Lease, Error> 
         fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
         lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
         expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+    })
+}
+
+/// StoreStats from the rows of STATS_LIVE (or its sample) and STATS_SUMMARY
+/// (or its indexed form).
+fn stats_from_rows(rows: &[PgRow], summary: &PgRow) -> Result<StoreStats, Error> {
+    let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+    let live = rows
+        .iter()
+        .map(|row| {
+            Ok(StateCount {
+                namespace: row.try_get("namespace").map_err(get)?,
+                state: state_from(row.try_get("state").map_err(get)?)?,
+                count: row.try_get::<i64, _>("count").map_err(get)? as u64,
+            })
+        })
+        .collect::<Result<_, Error>>()?;
+    Ok(StoreStats {
+        now: system_time(summary.try_get("now").map_err(get)?),
+        live,
+        expired: summary.try_get::<i64, _>("expired").map_err(get)? as u64,
+        oldest_created_at: summary
+            .try_get::<Option<OffsetDateTime>, _>("oldest_created_at")
+            .map_err(get)?
+            .map(system_time),
+        earliest_expiry: summary
+            .try_get::<Option<OffsetDateTime>, _>("earliest_expiry")
+            .map_err(get)?
+            .map(system_time),
     })
 }
 
@@ -921,7 +980,6 @@ impl Store for PostgresStore {
     }
 
     async fn stats(&self) -> Result<StoreStats, Error> {
-        let get = |e: sqlx::Error| Error::Internal(Box::new(e));
         // Full counts: a sequential scan is the right plan here, so this
         // transaction turns the session's settings back to the defaults.
         let (rows, summary) = self
@@ -935,29 +993,47 @@ impl Store for PostgresStore {
                 Ok((rows, summary))
             })
             .await?;
-        let live = rows
-            .iter()
-            .map(|row| {
-                Ok(StateCount {
-                    namespace: row.try_get("namespace").map_err(get)?,
-                    state: state_from(row.try_get("state").map_err(get)?)?,
-                    count: row.try_get::<i64, _>("count").map_err(get)? as u64,
-                })
+        stats_from_rows(&rows, &summary)
+    }
+
+    /// Counts every row while the table is small; above
+    /// EXACT_GAUGE_ROWS rows, estimates the live records from a sample of
+    /// about SAMPLE_ROWS (whole pages, TABLESAMPLE SYSTEM), counts the
+    /// expired rows through reap_at's index up to EXPIRED_COUNT_CAP, and
+    /// finds the oldest expiry there too. Every replica refreshes its gauge
+    /// every minute: a full count of 50 million rows took longer than the
+    /// store's timeout, and went on in PostgreSQL after the timeout gave up.
+    async fn stats_estimate(&self) -> Result<StoreStats, Error> {
+        let rows: Option<f32> = self
+            .budget
+            .run(
+                "stats",
+                sqlx::query_scalar(TABLE_ROWS).fetch_optional(self.pool()),
+            )
+            .await?;
+        let rows = f64::from(rows.unwrap_or(0.0));
+        if rows < EXACT_GAUGE_ROWS {
+            return self.stats().await;
+        }
+        let percent = (100.0 * SAMPLE_ROWS / rows).clamp(0.001, 100.0);
+        let (live, summary) = self
+            .budget
+            .run("stats", async {
+                let mut tx = self.pool().begin().await?;
+                sqlx::query(STATS_SETTINGS).execute(&mut *tx).await?;
+                let live = sqlx::query(STATS_LIVE_SAMPLED)
+                    .bind(percent)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                let summary = sqlx::query(STATS_SUMMARY_INDEXED)
+                    .bind(EXPIRED_COUNT_CAP)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok((live, summary))
             })
-            .collect::<Result<_, Error>>()?;
-        Ok(StoreStats {
-            now: system_time(summary.try_get("now").map_err(get)?),
-            live,
-            expired: summary.try_get::<i64, _>("expired").map_err(get)? as u64,
-            oldest_created_at: summary
-                .try_get::<Option<OffsetDateTime>, _>("oldest_created_at")
-                .map_err(get)?
-                .map(system_time),
-            earliest_expiry: summary
-                .try_get::<Option<OffsetDateTime>, _>("earliest_expiry")
-                .map_err(get)?
-                .map(system_time),
-        })
+            .await?;
+        stats_from_rows(&live, &summary)
     }
 
     fn pool_status(&self) -> PoolStatus {
