@@ -5,7 +5,8 @@
 #      SQLite, outages, crashes, the binary) with cargo-nextest;
 #   3. the client suites (Python, TypeScript, Go, cross-language), each against
 #      the real server binary;
-#   4. the benchmark scripts' smoke run (pgbench and idempotency-bench, briefly);
+#   4. the benchmark scripts' smoke runs (compare.sh: the hand-written SQL,
+#      pgbench and idempotency-bench, briefly; large-table.sh on small tables);
 #   5. the deployment checks (Helm chart, proto lint and breaking changes).
 #
 # Needs PostgreSQL on 127.0.0.1:5432 with trust auth for user postgres
@@ -41,8 +42,10 @@ step "Go example"
 bash clients/go/run-tests.sh
 
 step "Benchmark scripts (smoke: pgbench and the load generator, 1 s per point)"
-# Its own throwaway PostgreSQL cluster (initdb), as a full run makes one.
+# Each makes its own throwaway PostgreSQL cluster (initdb), as a full run does.
 BENCH_SKIP_BUILD=1 bash bench/compare.sh --smoke
+step "Large-table benchmark (smoke: tens of thousands of rows)"
+bash bench/large-table.sh --smoke
 
 step "Proto: buf lint and buf breaking"
 bash scripts/check-proto.sh
