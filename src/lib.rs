@@ -20,6 +20,8 @@
 //! - [`error`]: the one error type, each variant naming its gRPC code.
 //! - [`store`]: the seam to the database, with the PostgreSQL and SQLite
 //!   implementations, each with its SQL and migrations. The only place with SQL.
+//!   Its decorators coalesce concurrent calls into one statement and answer
+//!   duplicate Claims from the replay cache.
 //! - [`health`]: grpc.health.v1, SERVING only while the store answers.
 //! - [`reaper`]: deletes expired records in bounded batches.
 //! - [`metrics`]: Prometheus metrics, bounded labels.

@@ -6,6 +6,11 @@
 //! concurrency is the database's job: two replicas racing for one key are
 //! serialised by the row lock, never by Rust code. Each store keeps its SQL and
 //! its migrations beside it; nothing above this module sees sqlx.
+//!
+//! Two decorators wrap a store without changing what it answers: `coalesce`
+//! sends concurrent single calls as one set-based statement per kind, and
+//! `cache` answers duplicate Claims of completed keys from memory, kept right
+//! by the store's purge feed.
 
 pub mod cache;
 pub mod coalesce;
