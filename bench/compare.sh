@@ -390,8 +390,13 @@ pgbench_point() { # side (handwritten|as-sent) script level
   log "pgbench $side $script: $clients clients, ${seconds}s"
   rm -f "$out/points/$name".log*
   server_pid=""
+  # The store's statements run with the settings the store gives its
+  # sessions (SESSION_SETTINGS in src/store/postgres.rs); the hand-written
+  # ones with the server's defaults, as a team's own code would.
+  local session_settings=""
+  [[ "$side" == handwritten ]] || session_settings="-c enable_seqscan=off -c plan_cache_mode=force_generic_plan -c jit=off"
   point_started
-  pgbench -n -M prepared -c "$clients" -j "$threads" -T "$seconds" \
+  PGOPTIONS="$session_settings" pgbench -n -M prepared -c "$clients" -j "$threads" -T "$seconds" \
     -D ns="$namespace" -D n=0 -D token="$token" -D ttl_us=30000000 -D ret_us=86400000000 \
     -D resp="$response" -D dupkeys="$duplicate_keys" \
     --log --log-prefix="$out/points/$name.log" \

@@ -8,12 +8,6 @@ use idempotency_service::lifecycle::Lifecycle;
 use idempotency_service::store::{AnyStore, Store};
 use idempotency_service::{admin, metrics, server, telemetry};
 
-/// mimalloc instead of the system allocator: a call allocates about 60
-/// times, and glibc's malloc and free took a fifth of the server's
-/// instructions (docs/benchmarks.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
