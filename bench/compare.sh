@@ -57,6 +57,11 @@
 #                       during it (2; smoke 0)
 #   BENCH_SYNCHRONOUS_COMMIT  set synchronous_commit for the bench database
 #                       (both sides), e.g. off; default: the server's setting
+#   BENCH_HANDWRITTEN_OPTIONS  PGOPTIONS for the hand-written statements (none:
+#                       the server's defaults, as a team's code would have); e.g.
+#                       "-c enable_seqscan=off -c plan_cache_mode=force_generic_plan",
+#                       the store's settings, to see the yardstick without the
+#                       stale-plan scans a fresh table gives it
 #   BENCH_SERVER_ENV    extra environment for the server, e.g.
 #                       "IDEMPOTENCY_COALESCE=false IDEMPOTENCY_REPLAY_CACHE_BYTES=0"
 #   BENCH_OUT           folder for results (target/bench/<date-time>)
@@ -206,6 +211,7 @@ pgbench_cap="${BENCH_PGBENCH_MAX_CLIENTS:-$((max_connections - 26))}"
   done
   echo "postgres settings for the bench database: $(admin_sql -c "SELECT array_to_string(setconfig, ', ') FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = '$database'")"
   echo "server environment: ${BENCH_SERVER_ENV:-(defaults)}"
+  echo "hand-written statements' PGOPTIONS: ${BENCH_HANDWRITTEN_OPTIONS:-(none)}"
   echo "seconds per point: $seconds; warm-up (service): $warmup; levels: $levels; pgbench clients capped at $pgbench_cap"
   echo "load generator connections: ${BENCH_CONNECTIONS:-one per caller}; stored result: $response_bytes bytes"
 } >"$out/machine.txt"
@@ -393,7 +399,7 @@ pgbench_point() { # side (handwritten|as-sent) script level
   # The store's statements run with the settings the store gives its
   # sessions (SESSION_SETTINGS in src/store/postgres.rs); the hand-written
   # ones with the server's defaults, as a team's own code would.
-  local session_settings=""
+  local session_settings="${BENCH_HANDWRITTEN_OPTIONS:-}"
   [[ "$side" == handwritten ]] || session_settings="-c enable_seqscan=off -c plan_cache_mode=force_generic_plan -c jit=off"
   point_started
   PGOPTIONS="$session_settings" pgbench -n -M prepared -c "$clients" -j "$threads" -T "$seconds" \
