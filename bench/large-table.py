@@ -205,6 +205,28 @@ def main():
                 f"| {t['last_autovacuum'] or '–'} |"
             )
 
+    # Where each point's pages came from: PostgreSQL's buffers, or outside
+    # them (the OS cache or the disk). Older results folders lack the counts.
+    lines += [
+        "",
+        "| rows | blocks read from outside shared_buffers per operation: claim+complete | duplicates | ClaimBatch (per key) "
+        "| share of blocks found in shared_buffers: claim+complete | duplicates | ClaimBatch |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for entry in rows:
+        reads, shares = [], []
+        for scenario in ("claim-complete", "duplicate", "claim-batch"):
+            point = entry.get(scenario)
+            if not point or "blocks_read" not in point or not point.get("ops"):
+                reads.append("n/a")
+                shares.append("n/a")
+                continue
+            per = point["ops"] * (run["batch_size"] if scenario == "claim-batch" else 1)
+            reads.append(f"{point['blocks_read'] / per:.2f}")
+            total = point["blocks_read"] + point["blocks_hit"]
+            shares.append("n/a" if total == 0 else f"{100 * point['blocks_hit'] / total:.1f}%")
+        lines.append(f"| {entry['step']} | " + " | ".join(reads + shares) + " |")
+
     # The fills.
     fills = [entry["fill"] for entry in rows if entry.get("fill")]
     if fills:

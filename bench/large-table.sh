@@ -511,7 +511,12 @@ load_start() { # name scenario callers seconds [extra args...]
   done
   window_start=$(now_s)
   load_avg_start=$(cut -d' ' -f1 /proc/loadavg)
+  read -r blocks_read_start blocks_hit_start < <(blocks)
 }
+
+# Blocks this database read from outside shared_buffers (the OS cache or the
+# disk), and found in them, so far: how much of a point ran from memory.
+blocks() { admin_sql -F ' ' -c "SELECT blks_read, blks_hit FROM pg_stat_database WHERE datname = '$database'"; }
 
 # Waits for the load generator (its status in load_status), notes the end.
 load_wait() { # name
@@ -519,6 +524,7 @@ load_wait() { # name
   wait "$bench_pid" || load_status=$?
   bench_pid=""
   window_end=$(now_s)
+  read -r blocks_read_end blocks_hit_end < <(blocks)
   ((load_status == 0)) || log "$1: the load generator failed (exit $load_status): see $out/points/$1.out"
 }
 
@@ -528,9 +534,10 @@ load_finish() { # name
 }
 
 point_json() { # name scenario level step [extra JSON fields]
-  printf '{"step": "%s", "scenario": "%s", "level": %s, "exit_status": %s, "output": "%s", "bench_json": "%s", "window_start": %s, "window_end": %s, "load_average_start": %s%s}\n' \
+  printf '{"step": "%s", "scenario": "%s", "level": %s, "exit_status": %s, "output": "%s", "bench_json": "%s", "window_start": %s, "window_end": %s, "load_average_start": %s, "blocks_read": %s, "blocks_hit": %s%s}\n' \
     "$4" "$2" "$3" "$load_status" "$out/points/$1.out" "$out/points/$1.bench.json" "$window_start" "$window_end" \
-    "$load_avg_start" "${5:+, $5}" >"$out/points/$1.json"
+    "$load_avg_start" "$((blocks_read_end - blocks_read_start))" "$((blocks_hit_end - blocks_hit_start))" \
+    "${5:+, $5}" >"$out/points/$1.json"
 }
 
 claim_complete_point() { # step
