@@ -100,6 +100,10 @@ METRICS: dict[str, Metric] = {
     ),
     "idempotency_reaper_lag_seconds": Metric("gauge"),
     "idempotency_store_up": Metric("gauge"),
+    "idempotency_replay_cache_lookups_total": Metric("counter", {"result": frozenset({"hit", "miss"})}),
+    "idempotency_replay_cache_bytes": Metric("gauge"),
+    "idempotency_replay_cache_entries": Metric("gauge"),
+    "idempotency_replay_cache_fresh": Metric("gauge"),
 }
 
 # Labels Prometheus adds to every scraped series, which queries may use.
@@ -308,9 +312,12 @@ def test_the_dashboard_has_the_panels_an_operator_looks_for():
         "Reaper",
         "Reaper lag",
         "Purges",
+        "Replay cache hit ratio",
+        "Replay cache size",
+        "Replay cache fresh",
     ]
     units = {p["title"]: p["fieldConfig"]["defaults"]["unit"] for p in visualisations(dashboard())}
-    assert units["Error ratio"] == units["Replay ratio"] == "percentunit"
+    assert units["Error ratio"] == units["Replay ratio"] == units["Replay cache hit ratio"] == "percentunit"
     assert units["Latency p50 and p99 by method"] == units["Reaper lag"] == "s"
     assert units["Call rate by method and code"] == units["Refused calls by code"] == "reqps"
 
