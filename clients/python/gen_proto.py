@@ -2,8 +2,9 @@
 
 The stubs are build output, never committed: the proto file is the contract,
 and stubs generated from it by the pinned grpcio-tools cannot drift from it.
-run-tests.sh runs this script, and setup.py runs it before building a wheel,
-so `pip install clients/python` works from a checkout too.
+setup-venv.sh runs this script, and setup.py runs it before setuptools lists
+the package's files, so `pip install ./clients/python` works from a fresh
+checkout too, and an sdist carries the stubs it was made with.
 
     python gen_proto.py            # writes src/idempotency_client/_proto/
 
@@ -27,11 +28,20 @@ PROTO_ROOT = HERE.parent.parent / "proto"
 PROTO_FILE = "idempotency/v1/idempotency.proto"
 OUT = HERE / "src" / "idempotency_client" / "_proto"
 
+#: What generate() writes into OUT (and nothing else).
+GENERATED = ("__init__.py", "idempotency_pb2.py", "idempotency_pb2.pyi", "idempotency_pb2_grpc.py")
+
 _ABSOLUTE_IMPORT = re.compile(r"^from idempotency\.v1 import idempotency_pb2 as ", re.M)
 
 
 def generate(proto_root: pathlib.Path = PROTO_ROOT, out: pathlib.Path = OUT) -> None:
-    from grpc_tools import protoc  # imported here so setup.py can report it missing
+    try:
+        from grpc_tools import protoc
+    except ImportError:
+        raise SystemExit(
+            "gen_proto: grpcio-tools is missing (the build requirement in pyproject.toml); "
+            "pip installs it unless --no-build-isolation is given"
+        ) from None
     import importlib.resources
 
     if not (proto_root / PROTO_FILE).is_file():
