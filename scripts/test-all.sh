@@ -38,6 +38,8 @@ step "TypeScript client"
 bash clients/node/run-tests.sh
 step "Cross-language (Python <-> Node)"
 bash clients/cross-language-test.sh
+step "Quick start (a fresh clone, the docs' install commands and snippets)"
+bash scripts/check-quickstart.sh
 step "Go example"
 bash clients/go/run-tests.sh
 
