@@ -4,7 +4,8 @@
 #   2. the Rust suites (unit tests, the conformance suite on PostgreSQL and
 #      SQLite, outages, crashes, the binary) with cargo-nextest;
 #   3. the client suites (Python, TypeScript, Go, cross-language), each against
-#      the real server binary;
+#      the real server binary, and a newcomer's quick start (a fresh clone, both
+#      clients installed as the docs say, the docs' snippets run);
 #   4. the benchmark scripts' smoke runs (compare.sh: the hand-written SQL,
 #      pgbench and idempotency-bench, briefly; large-table.sh on small tables);
 #   5. the deployment checks (Helm chart, proto lint and breaking changes).
