@@ -54,8 +54,8 @@ COPY --from=build /out/idempotency-service /usr/local/bin/idempotency-service
 # /var/lib/idempotency/data: mount a volume there to keep it.
 WORKDIR /var/lib/idempotency
 USER 10001:10001
-# 50051: gRPC (health, reflection, the API). 9090: Prometheus metrics at
+# 50051: gRPC (health, reflection, the API). 8464: Prometheus metrics at
 # /metrics (IDEMPOTENCY_METRICS_ADDR; empty turns them off).
-EXPOSE 50051 9090
+EXPOSE 50051 8464
 ENTRYPOINT ["/usr/local/bin/idempotency-service"]
 CMD ["serve"]

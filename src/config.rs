@@ -229,8 +229,11 @@ pub struct Config {
     #[arg(long, env = "IDEMPOTENCY_MAX_BATCH_ITEMS", default_value_t = 500)]
     pub max_batch_items: usize,
 
-    /// The Prometheus endpoint (`/metrics`); empty turns it off.
-    #[arg(long, env = "IDEMPOTENCY_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    /// The Prometheus endpoint (`/metrics`); empty turns it off. The default
+    /// port, 8464, is outside Prometheus' own ports and the 9100-9999 block
+    /// its exporters claim, and outside the range the OS hands out to
+    /// outgoing connections (README: configuration).
+    #[arg(long, env = "IDEMPOTENCY_METRICS_ADDR", default_value = "0.0.0.0:8464")]
     pub metrics_addr: String,
 
     /// Namespaces that get their own `namespace` label on metrics, comma
@@ -428,6 +431,10 @@ mod tests {
     fn defaults_match_the_documented_ones() {
         let config = Cli::try_parse_from(["idempotency-service"]).unwrap().config;
         assert_eq!(config.listen_addr, "0.0.0.0:50051".parse().unwrap());
+        assert_eq!(
+            config.metrics_addr().unwrap(),
+            Some("0.0.0.0:8464".parse().unwrap())
+        );
         assert_eq!(config.default_lease_ttl, Duration::from_secs(30));
         assert_eq!(config.max_lease_ttl, Duration::from_secs(3600));
         assert_eq!(config.default_retention, Duration::from_secs(86_400));

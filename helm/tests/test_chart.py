@@ -332,7 +332,7 @@ def test_every_server_setting_reaches_the_server_as_an_environment_variable():
     server_env = {
         "IDEMPOTENCY_LISTEN_ADDR": "0.0.0.0:50051",
         "IDEMPOTENCY_HEALTH_LISTEN_ADDR": f"0.0.0.0:{HEALTH_PORT}",
-        "IDEMPOTENCY_METRICS_ADDR": "0.0.0.0:9090",
+        "IDEMPOTENCY_METRICS_ADDR": "0.0.0.0:8464",
         "IDEMPOTENCY_RUN_MIGRATIONS": "false",
         **LIMITS_ENV,
     }
@@ -356,7 +356,7 @@ def test_config_values_are_passed_through_unchanged():
     assert env["IDEMPOTENCY_MAX_RESPONSE_BYTES"] == "2097152"
     assert env["IDEMPOTENCY_DATA_DIR"] == "/data"
     assert env["IDEMPOTENCY_LISTEN_ADDR"] == "[::]:6000"
-    assert env["IDEMPOTENCY_METRICS_ADDR"] == "[::]:9090"
+    assert env["IDEMPOTENCY_METRICS_ADDR"] == "[::]:8464"
     assert env["IDEMPOTENCY_HEALTH_LISTEN_ADDR"] == "[::]:6001"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert server(docs)[probe]["grpc"]["port"] == 6001
@@ -486,7 +486,7 @@ def test_service_exposes_the_grpc_metrics_and_health_ports_of_the_server_pods():
         "selector": SELECTOR,
         "ports": [
             {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
-            {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"},
+            {"name": "metrics", "port": 8464, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"},
             {"name": "health", "port": HEALTH_PORT, "targetPort": "health", "protocol": "TCP", "appProtocol": "grpc"},
         ],
     }
@@ -547,13 +547,13 @@ def test_metrics_port_service_port_and_servicemonitor_line_up():
     container = server(all_on())
     assert container["ports"] == [
         {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
-        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8464, "protocol": "TCP"},
         {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
     ]
-    assert plain_env(container)["IDEMPOTENCY_METRICS_ADDR"] == "0.0.0.0:9090"
+    assert plain_env(container)["IDEMPOTENCY_METRICS_ADDR"] == "0.0.0.0:8464"
     service = one(all_on(), "Service", "idempotency-service")
     assert service["spec"]["ports"][1] == {
-        "name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"
+        "name": "metrics", "port": 8464, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"
     }
     monitor = one(all_on(), "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -565,18 +565,18 @@ def test_metrics_port_service_port_and_servicemonitor_line_up():
     }
 
 
-def test_metrics_are_served_on_port_9090_by_default():
+def test_metrics_are_served_on_port_8464_by_default():
     container = server(default())
     assert container["ports"] == [
         {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
-        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8464, "protocol": "TCP"},
         {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
     ]
     assert env_of(container)["IDEMPOTENCY_METRICS_ADDR"] == {
-        "name": "IDEMPOTENCY_METRICS_ADDR", "value": "0.0.0.0:9090"
+        "name": "IDEMPOTENCY_METRICS_ADDR", "value": "0.0.0.0:8464"
     }
     assert one(default(), "Service")["spec"]["ports"][1] == {
-        "name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"
+        "name": "metrics", "port": 8464, "targetPort": "metrics", "protocol": "TCP", "appProtocol": "http"
     }
     # Scraping and alerting need the prometheus-operator CRDs: opt-in.
     assert not [d for d in default() if d["kind"] in ("ServiceMonitor", "PrometheusRule")]
@@ -585,7 +585,7 @@ def test_metrics_are_served_on_port_9090_by_default():
 def test_metrics_turned_off_set_an_empty_address_and_expose_no_port():
     docs = render("--set", "metrics.enabled=false")
     container = server(docs)
-    # Empty, not absent: without the variable the server would listen on 0.0.0.0:9090.
+    # Empty, not absent: without the variable the server would listen on 0.0.0.0:8464.
     assert env_of(container)["IDEMPOTENCY_METRICS_ADDR"] == {"name": "IDEMPOTENCY_METRICS_ADDR", "value": ""}
     assert container["ports"] == [
         {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
@@ -814,7 +814,7 @@ def test_probes_and_the_test_pod_stay_on_the_plaintext_health_port_with_tls_on()
         ((*TLS_ON, "--set", "tls.clientCaSecretName=ca"), "tls.clientCaSecretName is only used with tls.clientAuth"),
         (("--set", "tls.clientAuth=sometimes"), "/tls/clientAuth"),
         (("--set", "healthPort=50051"), "healthPort 50051 is already the gRPC or the metrics port"),
-        (("--set", "healthPort=9090"), "healthPort 9090 is already the gRPC or the metrics port"),
+        (("--set", "healthPort=8464"), "healthPort 8464 is already the gRPC or the metrics port"),
     ],
 )
 def test_tls_and_health_port_settings_that_cannot_work_fail_the_render(settings, message):
@@ -822,8 +822,8 @@ def test_tls_and_health_port_settings_that_cannot_work_fail_the_render(settings,
 
 
 def test_the_health_port_may_reuse_the_metrics_port_number_when_metrics_are_off():
-    docs = render("--set", "metrics.enabled=false", "--set", "healthPort=9090")
-    assert server(docs)["readinessProbe"]["grpc"]["port"] == 9090
+    docs = render("--set", "metrics.enabled=false", "--set", "healthPort=8464")
+    assert server(docs)["readinessProbe"]["grpc"]["port"] == 8464
 
 
 def test_without_a_policy_there_is_no_policy_variable_volume_or_configmap():
@@ -967,7 +967,7 @@ def test_notes_name_the_secret_the_endpoint_and_the_test():
     text = notes()
     assert 'of Secret\n"idempotency-service-database"' in text
     assert "idempotency-service.idempotency.svc:50051" in text
-    assert "Prometheus metrics: /metrics on port 9090 of each pod and of the Service.\n" in text
+    assert "Prometheus metrics: /metrics on port 8464 of each pod and of the Service.\n" in text
     assert "helm test idempotency-service -n idempotency" in text
     assert "WARNING: DATABASE_URL" not in text
 

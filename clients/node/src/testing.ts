@@ -117,7 +117,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   const target = `127.0.0.1:${await freePort()}`;
   const env: Record<string, string> = { ...(process.env as Record<string, string>) };
   delete env.DATABASE_URL;
-  // Metrics off: the default port (9090) is one for every server on the machine.
+  // Metrics off: the default port (8464) is one for every server on the machine.
   Object.assign(env, { IDEMPOTENCY_LISTEN_ADDR: target, IDEMPOTENCY_DATA_DIR: dataDir, IDEMPOTENCY_METRICS_ADDR: "" });
   if (options.databaseUrl) env.DATABASE_URL = options.databaseUrl;
   const extra = { ...(options.env ?? {}) };
