@@ -228,7 +228,7 @@ impl Policy {
     }
 
     pub fn parse(text: &str) -> anyhow::Result<Self> {
-        let file: PolicyFile = toml::from_str(text)?;
+        let file: PolicyFile = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
         let mut policy = Policy {
             identities: Vec::with_capacity(file.identity.len()),
             tokens: Vec::new(),
@@ -351,6 +351,25 @@ impl Policy {
     }
 }
 
+/// A TOML error on one line (`line 3, column 7: expected ...`): toml's own
+/// message quotes the offending line over several.
+fn toml_error(text: &str, error: &toml::de::Error) -> anyhow::Error {
+    let message = error
+        .message()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    match error.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            anyhow::anyhow!("line {line}, column {column}: {message}")
+        }
+        None => anyhow::anyhow!("{message}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,6 +397,15 @@ mod tests {
             hash_token(token)
         ))
         .unwrap()
+    }
+
+    #[test]
+    fn a_toml_error_is_one_line_with_its_position() {
+        let error = Policy::parse("[[identity]]\nname = = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(!error.contains('\n'), "{error}");
+        assert!(error.starts_with("line 2, column "), "{error}");
     }
 
     #[test]

@@ -27,6 +27,8 @@
 //! - [`metrics`]: Prometheus metrics, bounded labels.
 //! - [`admin`]: the operator's command line (get, purge, stats).
 //! - [`config`]: flags and environment variables.
+//! - [`listen`]: binds the ports; a port that cannot be bound is reported
+//!   with the setting to change.
 //! - [`telemetry`]: logs (text or JSON) and optional OpenTelemetry traces.
 
 #![forbid(unsafe_code)]
@@ -39,6 +41,7 @@ pub mod error;
 pub mod grpc;
 pub mod health;
 pub mod lifecycle;
+pub mod listen;
 pub mod metrics;
 pub mod reaper;
 pub mod reload;

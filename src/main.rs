@@ -1,24 +1,51 @@
 //! The `idempotency-service` binary: parse the configuration, start logging
 //! (and metrics), then serve until SIGTERM or SIGINT; or run one of the
 //! operator's commands (`migrate`, `get`, `purge`, `stats`) and exit.
+//!
+//! A failure (a port in use, a database that cannot be reached, a file that
+//! does not load) ends the process with exit code 1 and one line on stderr,
+//! whatever the log format, naming the setting to change.
+
+use std::process::ExitCode;
 
 use clap::Parser;
 use idempotency_service::config::{Cli, Command, Config};
 use idempotency_service::lifecycle::Lifecycle;
-use idempotency_service::store::{AnyStore, Store};
-use idempotency_service::{admin, metrics, server, telemetry};
+use idempotency_service::store::{AnyStore, Open, Store};
+use idempotency_service::{admin, listen, metrics, server, telemetry};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     let cli = Cli::parse();
     let target = match cli.command {
         None | Some(Command::Serve) => telemetry::LogTarget::Stdout,
         Some(_) => telemetry::LogTarget::Stderr,
     };
-    let telemetry = telemetry::init(cli.config.log_format, target)?;
+    let telemetry = match telemetry::init(cli.config.log_format, target) {
+        Ok(telemetry) => telemetry,
+        Err(error) => return fail(&error),
+    };
     let result = run(cli).await;
     telemetry.shutdown();
-    result
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(&error),
+    }
+}
+
+/// Prints the error and its causes as one line on stderr.
+fn fail(error: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {}", one_line(error));
+    ExitCode::FAILURE
+}
+
+/// The error's chain joined with ": ", any line breaks inside a message
+/// (a parser quoting the input, say) folded into single spaces.
+fn one_line(error: &anyhow::Error) -> String {
+    format!("{error:#}")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -26,17 +53,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             config.validate()?;
+            // The ports first, so that one in use stops the start at once;
+            // the health-only port is bound by server::run, before the store.
+            let listener = listen::GRPC.bind(config.listen_addr)?;
             if let Some(addr) = config.metrics_addr()? {
                 metrics::install(addr)?;
             }
-            // Handlers first: a SIGTERM that arrives while the store opens
-            // must drain, not kill.
+            // Handlers before the store: a SIGTERM that arrives while the
+            // store opens must drain, not kill.
             let shutdown = shutdown_signal()?;
-            let listener = tokio::net::TcpListener::bind(config.listen_addr).await?;
             server::run(config, listener, shutdown).await
         }
         Command::Migrate => {
-            AnyStore::open(&config.store_options()?, true).await?;
+            AnyStore::open(&config.store_options()?, Open::Migrate).await?;
             tracing::info!("migrations applied");
             Ok(())
         }
@@ -44,7 +73,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", admin::token(hash)?);
             Ok(())
         }
-        command => match AnyStore::open(&config.store_options()?, false).await? {
+        command => match AnyStore::open(&config.store_options()?, Open::Connect).await? {
             AnyStore::Postgres(store) => operate(store, &config, command).await,
             AnyStore::Sqlite(store) => operate(store, &config, command).await,
         },
@@ -83,4 +112,19 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
             _ = interrupt.recv() => {}
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_and_its_causes_are_one_line() {
+        let error = anyhow::anyhow!("TOML parse error at line 1\n  |\n1 | x =\n  |    ^\n")
+            .context("IDEMPOTENCY_POLICY_FILE=p.toml");
+        assert_eq!(
+            one_line(&error),
+            "IDEMPOTENCY_POLICY_FILE=p.toml: TOML parse error at line 1 | 1 | x = | ^"
+        );
+    }
 }

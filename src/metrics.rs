@@ -15,10 +15,11 @@ use metrics::{
     Counter, Histogram, Label, counter, describe_counter, describe_gauge, describe_histogram,
     gauge, histogram,
 };
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::{Namespace, RecordState};
+use crate::listen;
 use crate::store::cache::CacheStats;
 use crate::store::{Store, StoreStats};
 
@@ -31,15 +32,25 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// How often the pool gauges are refreshed.
 const POOL_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Installs the Prometheus recorder and its HTTP listener on `addr`.
+/// Installs the Prometheus recorder and its HTTP listener on `addr`
+/// (`IDEMPOTENCY_METRICS_ADDR`); a port in use stops the start, named.
 pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
+    // The exporter binds the port itself and reports only the OS error: bind
+    // it first to say which setting to change.
+    listen::METRICS.check(addr)?;
     PrometheusBuilder::new()
         .with_http_listener(addr)
         .set_buckets_for_metric(
             Matcher::Full("idempotency_call_duration_seconds".into()),
             LATENCY_BUCKETS,
         )?
-        .install()?;
+        .install()
+        .map_err(|e| match e {
+            BuildError::FailedToCreateHTTPListener(cause) => {
+                listen::METRICS.error(addr, &std::io::Error::other(cause))
+            }
+            other => other.into(),
+        })?;
     describe();
     tracing::info!(%addr, "serving Prometheus metrics at /metrics");
     Ok(())

@@ -114,7 +114,7 @@ mod tests {
             pool_size: 2,
             timeout: Duration::from_secs(5),
         };
-        let store = SqliteStore::open(&dir.path().join("reaper.db"), &options)
+        let store = SqliteStore::open(&dir.path().join("reaper.db"), &options, "test")
             .await
             .unwrap();
         store.migrate().await.unwrap();

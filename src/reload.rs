@@ -20,7 +20,8 @@ type Load<T> = Box<dyn Fn(&[Vec<u8>]) -> anyhow::Result<T> + Send + Sync>;
 pub struct Reloading<T> {
     /// What the files hold, for the log: "TLS certificate", "policy".
     what: &'static str,
-    paths: Vec<PathBuf>,
+    /// Each file with the setting that names it, for errors.
+    files: Vec<(&'static str, PathBuf)>,
     load: Load<T>,
     state: RwLock<State<T>>,
 }
@@ -31,17 +32,20 @@ struct State<T> {
 }
 
 impl<T: Send + Sync + 'static> Reloading<T> {
-    /// Reads and loads the files now; an error here stops the start.
+    /// Reads and loads the files now; an error here stops the start. Each
+    /// file comes with the setting that names it: a file that cannot be read
+    /// is reported as `SETTING=path: cannot read: …`, and `load`'s errors
+    /// should name the setting too.
     pub fn open(
         what: &'static str,
-        paths: Vec<PathBuf>,
+        files: Vec<(&'static str, PathBuf)>,
         load: impl Fn(&[Vec<u8>]) -> anyhow::Result<T> + Send + Sync + 'static,
     ) -> anyhow::Result<Arc<Self>> {
-        let contents = read_all(&paths)?;
-        let value = load(&contents).with_context(|| format!("loading the {what}"))?;
+        let contents = read_all(&files)?;
+        let value = load(&contents)?;
         Ok(Arc::new(Self {
             what,
-            paths,
+            files,
             load: Box::new(load),
             state: RwLock::new(State {
                 contents,
@@ -62,7 +66,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
     /// Reads the files again and reloads when they changed. True when a new
     /// value is in force.
     pub fn check(&self) -> bool {
-        let contents = match read_all(&self.paths) {
+        let contents = match read_all(&self.files) {
             Ok(contents) => contents,
             Err(error) => {
                 tracing::error!(
@@ -124,10 +128,13 @@ impl<T: Send + Sync + 'static> Reloading<T> {
     }
 }
 
-fn read_all(paths: &[PathBuf]) -> anyhow::Result<Vec<Vec<u8>>> {
-    paths
+fn read_all(files: &[(&'static str, PathBuf)]) -> anyhow::Result<Vec<Vec<u8>>> {
+    files
         .iter()
-        .map(|p| std::fs::read(p).with_context(|| format!("reading {}", p.display())))
+        .map(|(setting, path)| {
+            std::fs::read(path)
+                .with_context(|| format!("{setting}={}: cannot read", path.display()))
+        })
         .collect()
 }
 
@@ -144,7 +151,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("n");
         std::fs::write(&path, "1").unwrap();
-        let value = Reloading::open("number", vec![path.clone()], parse_number).unwrap();
+        let value =
+            Reloading::open("number", vec![("NUMBER_FILE", path.clone())], parse_number).unwrap();
         assert_eq!(*value.current(), 1);
         assert!(!value.check());
 
@@ -162,13 +170,24 @@ mod tests {
     }
 
     #[test]
-    fn contents_that_do_not_load_at_start_are_an_error() {
+    fn files_that_do_not_load_or_cannot_be_read_at_start_are_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("n");
         std::fs::write(&path, "x").unwrap();
-        let error = Reloading::open("number", vec![path], parse_number)
+        let error = Reloading::open("number", vec![("NUMBER_FILE", path.clone())], parse_number)
             .err()
             .unwrap();
-        assert!(format!("{error:#}").starts_with("loading the number"));
+        assert_eq!(format!("{error:#}"), "invalid digit found in string");
+        std::fs::remove_file(&path).unwrap();
+        let error = Reloading::open("number", vec![("NUMBER_FILE", path.clone())], parse_number)
+            .err()
+            .unwrap();
+        assert_eq!(
+            format!("{error:#}"),
+            format!(
+                "NUMBER_FILE={}: cannot read: No such file or directory (os error 2)",
+                path.display()
+            )
+        );
     }
 }

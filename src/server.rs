@@ -1,7 +1,9 @@
-//! Wiring: opens the store the configuration names, builds the gRPC server
-//! (the service behind its guard, health, reflection; TLS when configured),
-//! starts the health watch, the reaper and the file reloaders, and runs until
-//! the shutdown future resolves; then drains.
+//! Wiring: binds the health-only port (before anything slow, so that a port
+//! in use stops the start at once), opens the store the configuration names
+//! (connecting and migrating first unless migrations are off), builds the
+//! gRPC server (the service behind its guard, health, reflection; TLS when
+//! configured), starts the health watch, the reaper and the file reloaders,
+//! and runs until the shutdown future resolves; then drains.
 //!
 //! The shutdown signal is a parameter, so tests drive it without signals.
 
@@ -9,6 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
@@ -21,12 +24,13 @@ use crate::grpc::proto::idempotency_service_server::IdempotencyServiceServer;
 use crate::grpc::{IdempotencyApi, proto};
 use crate::health;
 use crate::lifecycle::Lifecycle;
+use crate::listen;
 use crate::metrics::{self, NamespaceLabels};
 use crate::reaper;
 use crate::reload::Reloading;
 use crate::store::cache::Cached;
 use crate::store::coalesce::Coalesced;
-use crate::store::{AnyStore, Store};
+use crate::store::{AnyStore, Open, Store};
 use crate::tls::{self, TlsConfig};
 
 /// Room above the largest response for the rest of a Complete request, so that
@@ -46,6 +50,9 @@ const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The setting that names the access policy file, for its errors.
+const POLICY_FILE: &str = "IDEMPOTENCY_POLICY_FILE";
+
 /// The policy and TLS files, loaded; checked before the store opens so that a
 /// bad file stops the start at once.
 struct Security {
@@ -63,8 +70,13 @@ impl Security {
                 Access::Open
             }
             Some(path) => {
-                let policy = Reloading::open("access policy", vec![path.clone()], |contents| {
-                    Policy::parse(std::str::from_utf8(&contents[0])?)
+                let named = format!("{POLICY_FILE}={}", path.display());
+                let files = vec![(POLICY_FILE, path.clone())];
+                let policy = Reloading::open("access policy", files, move |contents| {
+                    std::str::from_utf8(&contents[0])
+                        .map_err(anyhow::Error::from)
+                        .and_then(Policy::parse)
+                        .with_context(|| named.clone())
                 })?;
                 tracing::info!(
                     file = %path.display(),
@@ -103,6 +115,14 @@ impl Security {
     }
 }
 
+/// The ports a server answers on, bound before the store opens so that a
+/// port in use stops the start at once.
+struct Listeners {
+    grpc: TcpListener,
+    /// The plaintext health-only port, when configured.
+    health: Option<TcpListener>,
+}
+
 /// Opens the configured store (migrating it unless told not to) and serves on
 /// `listener` until `shutdown` resolves.
 pub async fn run(
@@ -111,8 +131,20 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     config.validate()?;
+    let listeners = Listeners {
+        grpc: listener,
+        health: match config.health_listen_addr()? {
+            Some(addr) => Some(listen::HEALTH.bind(addr)?),
+            None => None,
+        },
+    };
     let security = Security::open(&config)?;
-    match AnyStore::open(&config.store_options()?, config.run_migrations).await? {
+    let open = if config.run_migrations {
+        Open::Migrate
+    } else {
+        Open::Lazy
+    };
+    match AnyStore::open(&config.store_options()?, open).await? {
         AnyStore::Postgres(store) => {
             tracing::info!(
                 store = "postgres",
@@ -122,9 +154,9 @@ pub async fn run(
             );
             if config.coalesce {
                 let store = Coalesced::new(store, config.coalesce_options());
-                serve_cached(store, &config, security, listener, shutdown).await
+                serve_cached(store, &config, security, listeners, shutdown).await
             } else {
-                serve_cached(store, &config, security, listener, shutdown).await
+                serve_cached(store, &config, security, listeners, shutdown).await
             }
         }
         AnyStore::Sqlite(store) => {
@@ -133,7 +165,7 @@ pub async fn run(
                 file = %store.path().display(),
                 "using the embedded SQLite store: single instance only; use PostgreSQL (DATABASE_URL=postgres://…) to run several replicas"
             );
-            serve(store, &config, security, listener, shutdown).await
+            serve(store, &config, security, listeners, shutdown).await
         }
     }
 }
@@ -143,15 +175,15 @@ async fn serve_cached<S: Store>(
     store: S,
     config: &Config,
     security: Security,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     if config.replay_cache_bytes > 0
         && let Some(cached) = Cached::new(store.clone(), config.replay_cache_bytes)
     {
-        return serve(cached, config, security, listener, shutdown).await;
+        return serve(cached, config, security, listeners, shutdown).await;
     }
-    serve(store, config, security, listener, shutdown).await
+    serve(store, config, security, listeners, shutdown).await
 }
 
 /// Serves one store. Health starts NOT_SERVING and turns SERVING once the
@@ -160,9 +192,13 @@ async fn serve<S: Store>(
     store: S,
     config: &Config,
     security: Security,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    let Listeners {
+        grpc: listener,
+        health: health_listener,
+    } = listeners;
     let (reporter, health_service) = tonic_health::server::health_reporter();
     health::set(&reporter, ServingStatus::NotServing).await;
     reporter
@@ -211,10 +247,10 @@ async fn serve<S: Store>(
 
     let addr = listener.local_addr()?;
     let drain = CancellationToken::new();
-    let health_only = match config.health_listen_addr()? {
+    let health_only = match health_listener {
         None => None,
-        Some(addr) => {
-            let listener = TcpListener::bind(addr).await?;
+        Some(listener) => {
+            let addr = listener.local_addr()?;
             tracing::info!(%addr, "serving plaintext grpc.health.v1 for probes");
             let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
             Some(tokio::spawn(

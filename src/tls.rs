@@ -10,7 +10,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -61,57 +61,71 @@ pub type TlsConfig = Reloading<Arc<ServerConfig>>;
 impl TlsFiles {
     /// Loads the files now (an error stops the start) and keeps them reloadable.
     pub fn open(&self) -> anyhow::Result<Arc<TlsConfig>> {
-        let mut paths = vec![self.cert.clone(), self.key.clone()];
-        paths.extend(self.client_ca.clone());
-        let client_auth = self.client_auth;
-        Reloading::open("TLS certificate", paths, move |contents| {
-            server_config(contents, client_auth).map(Arc::new)
+        let mut files = vec![(CERT_FILE, self.cert.clone()), (KEY_FILE, self.key.clone())];
+        files.extend(self.client_ca.clone().map(|path| (CLIENT_CA_FILE, path)));
+        let this = self.clone();
+        Reloading::open("TLS certificate", files, move |contents| {
+            this.server_config(contents).map(Arc::new)
         })
+    }
+
+    /// A file with the setting that names it, for errors:
+    /// `IDEMPOTENCY_TLS_KEY_FILE=/etc/tls/tls.key`.
+    fn named(setting: &str, path: &Path) -> String {
+        format!("{setting}={}", path.display())
+    }
+
+    /// Builds a rustls configuration from the contents of the certificate
+    /// chain, the key and optionally the client CA bundle. Every error names
+    /// the setting of the file at fault.
+    fn server_config(&self, contents: &[Vec<u8>]) -> anyhow::Result<ServerConfig> {
+        let cert = Self::named(CERT_FILE, &self.cert);
+        let key_file = Self::named(KEY_FILE, &self.key);
+        let chain = CertificateDer::pem_slice_iter(&contents[0])
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("{cert} is not PEM: {e}"))?;
+        anyhow::ensure!(!chain.is_empty(), "{cert} holds no PEM certificate");
+        let key = PrivateKeyDer::from_pem_slice(&contents[1])
+            .map_err(|e| anyhow::anyhow!("{key_file} holds no PEM private key: {e}"))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?;
+        let builder = match (contents.get(2), &self.client_ca) {
+            (Some(ca), Some(path)) => {
+                let ca_file = Self::named(CLIENT_CA_FILE, path);
+                let mut roots = RootCertStore::empty();
+                for cert in CertificateDer::pem_slice_iter(ca) {
+                    let cert = cert.map_err(|e| anyhow::anyhow!("{ca_file} is not PEM: {e}"))?;
+                    roots.add(cert).map_err(|e| {
+                        anyhow::anyhow!("{ca_file} holds a certificate that is not valid: {e}")
+                    })?;
+                }
+                anyhow::ensure!(!roots.is_empty(), "{ca_file} holds no PEM certificate");
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+                let verifier = match self.client_auth {
+                    ClientAuth::Required => verifier.build(),
+                    ClientAuth::Optional => verifier.allow_unauthenticated().build(),
+                }
+                .map_err(|e| anyhow::anyhow!("{ca_file}: {e}"))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        let mut config = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| anyhow::anyhow!("{cert} and {key_file} do not form a usable pair: {e}"))?;
+        // gRPC is HTTP/2 only; clients such as grpc-go insist on ALPN.
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(config)
     }
 }
 
-/// Builds a rustls configuration from the contents of the certificate chain,
-/// the key and optionally the client CA bundle.
-fn server_config(contents: &[Vec<u8>], client_auth: ClientAuth) -> anyhow::Result<ServerConfig> {
-    let chain = CertificateDer::pem_slice_iter(&contents[0])
-        .collect::<Result<Vec<_>, _>>()
-        .context("the certificate file is not PEM")?;
-    anyhow::ensure!(
-        !chain.is_empty(),
-        "the certificate file holds no certificate"
-    );
-    let key = PrivateKeyDer::from_pem_slice(&contents[1])
-        .context("the key file holds no PEM private key")?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?;
-    let builder = match contents.get(2) {
-        None => builder.with_no_client_auth(),
-        Some(ca) => {
-            let mut roots = RootCertStore::empty();
-            for cert in CertificateDer::pem_slice_iter(ca) {
-                roots
-                    .add(cert.context("the client CA file is not PEM")?)
-                    .context("a client CA certificate is not valid")?;
-            }
-            anyhow::ensure!(!roots.is_empty(), "the client CA file holds no certificate");
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-            let verifier = match client_auth {
-                ClientAuth::Required => verifier.build(),
-                ClientAuth::Optional => verifier.allow_unauthenticated().build(),
-            }
-            .context("the client CA")?;
-            builder.with_client_cert_verifier(verifier)
-        }
-    };
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .context("the certificate and key do not form a usable pair")?;
-    // gRPC is HTTP/2 only; clients such as grpc-go insist on ALPN.
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(config)
-}
+/// The settings that name the TLS files.
+const CERT_FILE: &str = "IDEMPOTENCY_TLS_CERT_FILE";
+const KEY_FILE: &str = "IDEMPOTENCY_TLS_KEY_FILE";
+const CLIENT_CA_FILE: &str = "IDEMPOTENCY_TLS_CLIENT_CA_FILE";
 
 /// What the guard may know about a connection.
 #[derive(Debug, Clone, Default)]

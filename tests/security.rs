@@ -770,7 +770,7 @@ async fn a_bad_tls_or_policy_file_stops_the_start_naming_it() {
                 c.tls_cert_file = Some(pki::write(dir.path(), "bad.crt", "not a certificate"));
                 c.tls_key_file = Some(pki::write(dir.path(), "bad.key", "not a key"));
             }),
-            "loading the TLS certificate",
+            "IDEMPOTENCY_TLS_CERT_FILE=",
         ),
         (
             Box::new(|c: &mut Config| {

@@ -364,22 +364,53 @@ impl StoreOptions {
     }
 }
 
+/// What opening a store does before it returns. Its errors are one line that
+/// names the setting to change (`DATABASE_URL`, `IDEMPOTENCY_DATA_DIR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Open {
+    /// Connect now, then apply the pending migrations: the server's start
+    /// (unless told not to migrate) and `migrate`.
+    Migrate,
+    /// Connect now: the operator's commands.
+    Connect,
+    /// PostgreSQL connects when first used, so that a server whose database
+    /// is down starts NOT_SERVING and recovers by itself: the server with its
+    /// migrations off (a job runs them). SQLite opens its file at once.
+    Lazy,
+}
+
 impl AnyStore {
-    /// Connects to the store the options name (creating the SQLite file and its
-    /// folder when missing), and applies the migrations when asked.
-    pub async fn open(options: &StoreOptions, migrate: bool) -> anyhow::Result<Self> {
-        let store = match options.location()? {
+    /// Opens the store the options name (creating the SQLite file and its
+    /// folder when missing), connecting and migrating as `open` says.
+    pub async fn open(options: &StoreOptions, open: Open) -> anyhow::Result<Self> {
+        match options.location()? {
             Location::Postgres(url) => {
-                Self::Postgres(postgres::PostgresStore::connect(&url, options).await?)
+                let store = postgres::PostgresStore::connect(&url, options).await?;
+                if open != Open::Lazy {
+                    store.reach().await?;
+                }
+                if open == Open::Migrate {
+                    store.migrate().await?;
+                }
+                Ok(Self::Postgres(store))
             }
             Location::Sqlite(path) => {
-                Self::Sqlite(sqlite::SqliteStore::open(&path, options).await?)
+                let setting = match options.database_url.as_deref() {
+                    None | Some("") => {
+                        format!("IDEMPOTENCY_DATA_DIR={}", options.data_dir.display())
+                    }
+                    Some(_) => "DATABASE_URL".to_owned(),
+                };
+                let store = sqlite::SqliteStore::open(&path, options, &setting).await?;
+                if open == Open::Migrate {
+                    store
+                        .migrate()
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{setting}: {e:#}"))?;
+                }
+                Ok(Self::Sqlite(store))
             }
-        };
-        if migrate {
-            store.migrate().await?;
         }
-        Ok(store)
     }
 
     /// Applies the pending migrations; safe when several replicas start at once

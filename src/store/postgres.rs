@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
-use sqlx::{ConnectOptions, Postgres, Row};
+use sqlx::{ConnectOptions, Connection as _, Postgres, Row};
 use time::OffsetDateTime;
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -502,8 +502,82 @@ impl PostgresStore {
     }
 
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        MIGRATOR.run(self.pool()).await?;
-        Ok(())
+        MIGRATOR.run(self.pool()).await.map_err(|e| {
+            anyhow::anyhow!(
+                "DATABASE_URL: migrating the database at {} failed: {e}",
+                self.server()
+            )
+        })
+    }
+
+    /// Connects once, outside the pool, so that a start whose database cannot
+    /// be reached or refuses to let it in stops with one line naming
+    /// DATABASE_URL, the host and the port, and never the password. A refused
+    /// connection, or a database still starting, is tried again until the
+    /// timeout: the database may be starting beside the service.
+    pub async fn reach(&self) -> anyhow::Result<()> {
+        let options = self.pool().connect_options();
+        let timeout = self.budget.timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let server = self.server();
+        loop {
+            let error = match tokio::time::timeout_at(
+                deadline,
+                PgConnection::connect_with(&options),
+            )
+            .await
+            {
+                Ok(Ok(connection)) => {
+                    let _ = connection.close().await;
+                    return Ok(());
+                }
+                Ok(Err(error)) => error,
+                Err(_) => anyhow::bail!(
+                    "DATABASE_URL: PostgreSQL at {server} did not answer within {} (IDEMPOTENCY_DB_TIMEOUT)",
+                    humantime::format_duration(timeout)
+                ),
+            };
+            let starting = match &error {
+                sqlx::Error::Io(e) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+                sqlx::Error::Database(e) => e.code().as_deref() == Some("57P03"),
+                _ => false,
+            };
+            let retry_at = tokio::time::Instant::now() + Duration::from_millis(200);
+            if !starting || retry_at >= deadline {
+                anyhow::bail!("DATABASE_URL: {}", unreachable(&server, &error));
+            }
+            tokio::time::sleep_until(retry_at).await;
+        }
+    }
+
+    /// Where the database is, for errors: `host:port`, or the socket folder.
+    fn server(&self) -> String {
+        let options = self.pool().connect_options();
+        let port = options.get_port();
+        match options.get_socket() {
+            Some(socket) => format!("{} (port {port})", socket.display()),
+            None if options.get_host().contains(':') => format!("[{}]:{port}", options.get_host()),
+            None => format!("{}:{port}", options.get_host()),
+        }
+    }
+}
+
+/// Why a connection to `server` failed, in words that carry no credentials:
+/// sqlx's errors and PostgreSQL's messages never hold the password.
+fn unreachable(server: &str, error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            format!("cannot connect to PostgreSQL at {server}: connection refused")
+        }
+        sqlx::Error::Io(e) => format!("cannot connect to PostgreSQL at {server}: {e}"),
+        sqlx::Error::Database(e) => {
+            format!(
+                "PostgreSQL at {server} refused the connection: {}",
+                e.message()
+            )
+        }
+        sqlx::Error::Tls(e) => format!("TLS with PostgreSQL at {server} failed: {e}"),
+        other => format!("cannot connect to PostgreSQL at {server}: {other}"),
     }
 }
 

@@ -113,10 +113,15 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating when missing) the database file and its folder.
-    pub async fn open(path: &Path, options: &StoreOptions) -> anyhow::Result<Self> {
+    /// `setting` names where the path came from, for errors: the data
+    /// directory (`IDEMPOTENCY_DATA_DIR=./data`) or `DATABASE_URL`.
+    pub async fn open(path: &Path, options: &StoreOptions, setting: &str) -> anyhow::Result<Self> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| {
-                anyhow::anyhow!("cannot create the data directory {}: {e}", parent.display())
+                anyhow::anyhow!(
+                    "{setting}: cannot create the folder {}: {e}",
+                    parent.display()
+                )
             })?;
         }
         let connect_options = SqliteConnectOptions::new()
@@ -131,7 +136,16 @@ impl SqliteStore {
             .acquire_timeout(options.timeout)
             .connect_with(connect_options.clone())
             .await
-            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+            .map_err(|e| {
+                let cause = match &e {
+                    sqlx::Error::Database(e) => e.message().to_owned(),
+                    other => other.to_string(),
+                };
+                anyhow::anyhow!(
+                    "{setting}: cannot open or create the SQLite file {} (its folder must be writable): {cause}",
+                    path.display()
+                )
+            })?;
         let readers = SqlitePoolOptions::new()
             .max_connections(options.pool_size.max(1))
             .acquire_timeout(options.timeout)
@@ -146,8 +160,12 @@ impl SqliteStore {
     }
 
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        MIGRATOR.run(&self.writer).await?;
-        Ok(())
+        MIGRATOR.run(&self.writer).await.map_err(|e| {
+            anyhow::anyhow!(
+                "migrating the SQLite file {} failed: {e}",
+                self.path.display()
+            )
+        })
     }
 
     /// The database file.

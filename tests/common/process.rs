@@ -1,9 +1,11 @@
 //! The real binary as a child process, for what only a process can show:
-//! kill -9, SIGTERM, the `migrate` subcommand, starting with no arguments.
+//! kill -9, SIGTERM, the `migrate` subcommand, starting with no arguments,
+//! a start that fails.
 
+use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use idempotency_service::grpc::proto::idempotency_service_client::IdempotencyServiceClient;
 use tonic::transport::Channel;
@@ -38,6 +40,25 @@ pub fn command(dir: &Path) -> Command {
     command.env("IDEMPOTENCY_METRICS_ADDR", "");
     command.stdout(Stdio::null()).stderr(Stdio::null());
     command
+}
+
+/// Runs the binary until it exits, with its stdout and stderr; fails the
+/// test if it is still running after `within` (and kills it).
+pub fn output_within(mut command: Command, within: Duration) -> Output {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = command.spawn().expect("start the server binary");
+    let pid = child.id().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(within) {
+        Ok(output) => output.expect("the binary's output"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            panic!("the binary was still running after {within:?}");
+        }
+    }
 }
 
 pub struct ServerProcess {
@@ -75,6 +96,49 @@ impl ServerProcess {
             "the server never became SERVING"
         );
         server
+    }
+
+    /// Starts the binary on a free port and waits until it is SERVING or
+    /// has exited: an exit gives its status and stderr.
+    pub async fn start_or_exit(mut command: Command) -> Result<Self, (ExitStatus, String)> {
+        let port = free_port();
+        command.env("IDEMPOTENCY_LISTEN_ADDR", format!("127.0.0.1:{port}"));
+        command.env("IDEMPOTENCY_HEALTH_CHECK_INTERVAL", "200ms");
+        command.stderr(Stdio::piped());
+        let child = command.spawn().expect("start the server binary");
+        let mut server = Self {
+            child,
+            port,
+            health_port: port,
+        };
+        let health = HealthClient::new(Self::plaintext(port));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = server.child.try_wait().unwrap() {
+                let mut stderr = String::new();
+                if let Some(mut pipe) = server.child.stderr.take() {
+                    pipe.read_to_string(&mut stderr).unwrap();
+                }
+                return Err((status, stderr));
+            }
+            let request = HealthCheckRequest {
+                service: String::new(),
+            };
+            let serving =
+                tokio::time::timeout(Duration::from_secs(1), health.clone().check(request))
+                    .await
+                    .is_ok_and(|r| {
+                        r.is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32)
+                    });
+            if serving {
+                return Ok(server);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server neither became SERVING nor exited within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub fn channel(&self) -> Channel {
