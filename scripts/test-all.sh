@@ -7,7 +7,8 @@
 #      the real server binary, and a newcomer's quick start (a fresh clone, both
 #      clients installed as the docs say, the docs' snippets run);
 #   4. the benchmark scripts' smoke runs (compare.sh: the hand-written SQL,
-#      pgbench and idempotency-bench, briefly; large-table.sh on small tables);
+#      pgbench and idempotency-bench, briefly; large-table.sh on small tables;
+#      callgrind.sh for 100 cycles);
 #   5. the deployment checks (Helm chart, proto lint and breaking changes).
 #
 # Needs PostgreSQL on 127.0.0.1:5432 with trust auth for user postgres
@@ -49,6 +50,8 @@ step "Benchmark scripts (smoke: pgbench and the load generator, 1 s per point)"
 BENCH_SKIP_BUILD=1 bash bench/compare.sh --smoke
 step "Large-table benchmark (smoke: tens of thousands of rows)"
 bash bench/large-table.sh --smoke
+step "A lone call's instructions and system calls (smoke: 100 cycles)"
+BENCH_CYCLES=100 BENCH_WARMUP=20 BENCH_LEVELS=warn BENCH_SKIP_BUILD=1 bash bench/callgrind.sh
 
 step "Proto: buf lint and buf breaking"
 bash scripts/check-proto.sh
