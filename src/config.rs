@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::domain::Limits;
 use crate::store::StoreOptions;
@@ -21,6 +22,27 @@ pub struct Cli {
     pub command: Option<Command>,
     #[command(flatten)]
     pub config: Config,
+}
+
+impl Cli {
+    /// Parses the command line and the environment (exiting with clap's
+    /// message on an error), noting which settings nobody set.
+    pub fn parse_noting_defaults() -> Self {
+        Self::try_parse_noting_defaults_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// `parse_noting_defaults` from these arguments.
+    pub fn try_parse_noting_defaults_from<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = Self::command().try_get_matches_from(args)?;
+        let mut cli = Self::from_arg_matches(&matches)?;
+        cli.config.metrics_addr_is_default =
+            matches.value_source("metrics_addr") == Some(ValueSource::DefaultValue);
+        Ok(cli)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
@@ -64,6 +86,9 @@ pub enum LogFormat {
     /// One JSON object per line, for log pipelines.
     Json,
 }
+
+/// `IDEMPOTENCY_METRICS_ADDR`'s default (README: configuration, why 8464).
+pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:8464";
 
 #[derive(Debug, Clone, Args)]
 pub struct Config {
@@ -232,9 +257,16 @@ pub struct Config {
     /// The Prometheus endpoint (`/metrics`); empty turns it off. The default
     /// port, 8464, is outside Prometheus' own ports and the 9100-9999 block
     /// its exporters claim, and outside the range the OS hands out to
-    /// outgoing connections (README: configuration).
-    #[arg(long, env = "IDEMPOTENCY_METRICS_ADDR", default_value = "0.0.0.0:8464")]
+    /// outgoing connections (README: configuration). Left at the default and
+    /// found in use (a second replica on one host), metrics move to a free
+    /// port, logged; an address set explicitly that is in use stops the start.
+    #[arg(long, env = "IDEMPOTENCY_METRICS_ADDR", default_value = DEFAULT_METRICS_ADDR)]
     pub metrics_addr: String,
+
+    /// Whether nobody set the metrics address (flag or environment), so that
+    /// the default may give way to a free port (`Cli::parse_noting_defaults`).
+    #[arg(skip)]
+    pub metrics_addr_is_default: bool,
 
     /// Namespaces that get their own `namespace` label on metrics, comma
     /// separated (at most 100); others are counted as "other". Empty: metrics
@@ -426,6 +458,22 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_metrics_address_is_known_to_be_the_default_only_when_nobody_set_it() {
+        let unset = Cli::try_parse_noting_defaults_from(["idempotency-service"]).unwrap();
+        // The test's own environment may set it; then it is not the default.
+        let from_env = std::env::var_os("IDEMPOTENCY_METRICS_ADDR").is_some();
+        assert_eq!(unset.config.metrics_addr_is_default, !from_env);
+        let set = Cli::try_parse_noting_defaults_from([
+            "idempotency-service",
+            "--metrics-addr",
+            DEFAULT_METRICS_ADDR,
+        ])
+        .unwrap();
+        assert_eq!(set.config.metrics_addr, DEFAULT_METRICS_ADDR);
+        assert!(!set.config.metrics_addr_is_default);
+    }
 
     #[test]
     fn defaults_match_the_documented_ones() {

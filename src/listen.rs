@@ -57,14 +57,6 @@ impl Port {
         socket.listen(BACKLOG).map_err(|e| self.error(addr, &e))
     }
 
-    /// Binds `addr` and lets it go again: for a listener that a library
-    /// binds itself, so that a port in use is reported like the others.
-    pub fn check(self, addr: SocketAddr) -> anyhow::Result<()> {
-        std::net::TcpListener::bind(addr)
-            .map(drop)
-            .map_err(|e| self.error(addr, &e))
-    }
-
     /// One line: the setting, the address, the cause and the way out.
     pub fn error(self, addr: SocketAddr, error: &io::Error) -> anyhow::Error {
         let Self { setting, off } = self;
@@ -100,7 +92,7 @@ mod tests {
                 "IDEMPOTENCY_METRICS_ADDR={addr} is in use; set another address, or \"\" to turn metrics off"
             )
         );
-        let error = GRPC.check(addr).unwrap_err().to_string();
+        let error = GRPC.bind(addr).unwrap_err().to_string();
         assert_eq!(
             error,
             format!("IDEMPOTENCY_LISTEN_ADDR={addr} is in use; set another address")

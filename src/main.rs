@@ -8,7 +8,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use idempotency_service::config::{Cli, Command, Config};
 use idempotency_service::lifecycle::Lifecycle;
 use idempotency_service::store::{AnyStore, Open, Store};
@@ -16,7 +15,7 @@ use idempotency_service::{admin, listen, metrics, server, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_noting_defaults();
     let target = match cli.command {
         None | Some(Command::Serve) => telemetry::LogTarget::Stdout,
         Some(_) => telemetry::LogTarget::Stderr,
@@ -57,7 +56,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // the health-only port is bound by server::run, before the store.
             let listener = listen::GRPC.bind(config.listen_addr)?;
             if let Some(addr) = config.metrics_addr()? {
-                metrics::install(addr)?;
+                metrics::install(addr, config.metrics_addr_is_default)?;
             }
             // Handlers before the store: a SIGTERM that arrives while the
             // store opens must drain, not kill.

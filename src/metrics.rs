@@ -33,11 +33,30 @@ const LATENCY_BUCKETS: &[f64] = &[
 const POOL_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Installs the Prometheus recorder and its HTTP listener on `addr`
-/// (`IDEMPOTENCY_METRICS_ADDR`); a port in use stops the start, named.
-pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
+/// (`IDEMPOTENCY_METRICS_ADDR`) and returns the address it serves on. A port
+/// in use stops the start, named, unless `give_way` (the address is the
+/// default, nobody chose it): then a free port on the same host serves, and
+/// a warning says which (two replicas on one host both start).
+pub fn install(addr: SocketAddr, give_way: bool) -> anyhow::Result<SocketAddr> {
     // The exporter binds the port itself and reports only the OS error: bind
     // it first to say which setting to change.
-    listen::METRICS.check(addr)?;
+    let addr = match std::net::TcpListener::bind(addr) {
+        Ok(_) => addr,
+        Err(e) if give_way && e.kind() == std::io::ErrorKind::AddrInUse => {
+            let free = std::net::TcpListener::bind(SocketAddr::new(addr.ip(), 0))
+                .and_then(|listener| listener.local_addr())
+                .map_err(|e| listen::METRICS.error(addr, &e))?;
+            tracing::warn!(
+                default = %addr,
+                %free,
+                "IDEMPOTENCY_METRICS_ADDR is not set and its default is in use (another replica on \
+                 this host?): metrics are served on another port; set IDEMPOTENCY_METRICS_ADDR to \
+                 choose it, or \"\" to turn metrics off"
+            );
+            free
+        }
+        Err(e) => return Err(listen::METRICS.error(addr, &e)),
+    };
     PrometheusBuilder::new()
         .with_http_listener(addr)
         .set_buckets_for_metric(
@@ -53,7 +72,7 @@ pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
         })?;
     describe();
     tracing::info!(%addr, "serving Prometheus metrics at /metrics");
-    Ok(())
+    Ok(addr)
 }
 
 fn describe() {

@@ -4,8 +4,9 @@
 //! that cannot be reached or refuses, a data directory that cannot be
 //! created, TLS and policy files that do not load), never the database
 //! password. And two replicas on one host against one PostgreSQL with only
-//! their gRPC addresses changed: the second refuses the default metrics port
-//! with that one line (README: configuration, `IDEMPOTENCY_METRICS_ADDR`).
+//! their gRPC addresses changed: both start, the second's metrics moved off
+//! the default port it finds taken (README: configuration,
+//! `IDEMPOTENCY_METRICS_ADDR`).
 //!
 //! Ports are taken by binding 127.0.0.1:0 here; no test uses a fixed port but
 //! the two-replica test, whose point is the default metrics port.
@@ -272,62 +273,70 @@ fn a_policy_file_that_does_not_load_is_named() {
 
 /// Two replicas on one host, one PostgreSQL, only the gRPC address changed:
 /// the metrics setting stays at its default, which one process can hold.
-/// The first takes it and serves; the second stops with the one line that
-/// says what to do. If another process on this machine already holds the
-/// default port, the first refuses with the same line, and so does the
-/// second: the assertion is the same either way. Then the way out: a
-/// replica with metrics off starts beside the first, on the same table.
+/// Both start: the first takes the default port (unless another process on
+/// this machine holds it already), the second finds it taken, serves its
+/// metrics on a free port and logs which. Both serve one table. An address
+/// set explicitly is strict (`the_metrics_port_in_use_is_named`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_replica_on_one_host_refuses_the_default_metrics_port_in_one_line() {
+async fn two_replicas_on_one_host_both_start_with_the_default_metrics_setting() {
     let store = StoreFixture::new(Backend::Postgres).await;
     let dir = tempfile::tempdir().unwrap();
-    let default = Config::defaults().metrics_addr;
-    let in_use = format!(
-        "error: IDEMPOTENCY_METRICS_ADDR={default} is in use; set another address, or \"\" to turn metrics off"
-    );
-    let replica = || {
+    let default: SocketAddr = Config::defaults().metrics_addr.parse().unwrap();
+    let replica = |log: &str| {
         let mut command = command(dir.path());
         command.env("DATABASE_URL", store.database_url.as_ref().unwrap());
         // The default metrics setting, as a user starting two replicas has it.
         command.env_remove("IDEMPOTENCY_METRICS_ADDR");
+        command.env("IDEMPOTENCY_LOG_FORMAT", "json");
+        command.stdout(std::fs::File::create(dir.path().join(log)).unwrap());
         command
     };
-    let one_line = |(status, stderr): (std::process::ExitStatus, String)| {
-        assert!(!status.success(), "{status:?}");
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        assert_eq!(lines, [in_use.as_str()], "stderr: {stderr}");
-    };
+    // Whether another process on this machine already holds the default.
+    let held_before = TcpListener::bind(("127.0.0.1", default.port())).is_err();
 
-    let first = ServerProcess::start_or_exit(replica()).await;
-    let second = ServerProcess::start_or_exit(replica()).await;
-    let second = match second {
-        Ok(_) => panic!("the second replica started on the metrics port of the first"),
-        Err(exit) => exit,
-    };
-    one_line(second);
-    let first = match first {
-        Ok(first) => {
-            // The first serves its metrics on the default port.
-            let port = default.rsplit(':').next().unwrap().to_owned();
-            let body = tokio::task::spawn_blocking(move || http_get(&port, "/metrics"))
-                .await
-                .unwrap();
-            assert!(body.contains("idempotency_store_up 1"), "{body}");
-            first
-        }
-        Err(exit) => {
-            eprintln!("another process holds {default}: both replicas refused it");
-            one_line(exit);
-            let mut off = replica();
-            off.env("IDEMPOTENCY_METRICS_ADDR", "");
-            ServerProcess::start(off).await
+    let first = ServerProcess::start(replica("first.log")).await;
+    let second = ServerProcess::start(replica("second.log")).await;
+
+    let port_of = |log: &str| -> u16 {
+        let text = std::fs::read_to_string(dir.path().join(log)).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.contains("IDEMPOTENCY_METRICS_ADDR is not set and its default is in use"));
+        match line {
+            None => default.port(),
+            // JSON: "free":"0.0.0.0:41234"
+            Some(line) => {
+                let (_, after) = line.split_once("\"free\":\"").expect(line);
+                let (addr, _) = after.split_once('"').expect(line);
+                addr.parse::<SocketAddr>().expect(line).port()
+            }
         }
     };
+    let first_port = port_of("first.log");
+    let second_port = port_of("second.log");
+    if held_before {
+        eprintln!("another process holds {default}: both replicas gave way");
+        assert_ne!(first_port, default.port());
+    } else {
+        assert_eq!(first_port, default.port());
+    }
+    assert_ne!(
+        second_port,
+        default.port(),
+        "the second replica did not give way"
+    );
+    assert_ne!(second_port, first_port);
+    for port in [first_port, second_port] {
+        let body = tokio::task::spawn_blocking(move || http_get(&port.to_string(), "/metrics"))
+            .await
+            .unwrap();
+        assert!(
+            body.contains("idempotency_store_up 1"),
+            "port {port}: {body}"
+        );
+    }
 
-    // The way out the line names: metrics off (or another address).
-    let mut off = replica();
-    off.env("IDEMPOTENCY_METRICS_ADDR", "");
-    let other = ServerProcess::start(off).await;
+    // One table behind both.
     let claimed = first
         .client()
         .claim(claim_request("ns", "evt"))
@@ -335,7 +344,7 @@ async fn a_second_replica_on_one_host_refuses_the_default_metrics_port_in_one_li
         .unwrap()
         .into_inner();
     assert_eq!(outcome(&claimed), Outcome::Claimed);
-    let duplicate = other
+    let duplicate = second
         .client()
         .claim(claim_request("ns", "evt"))
         .await

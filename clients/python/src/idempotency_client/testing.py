@@ -109,7 +109,7 @@ class ServerProcess:
         target = f"127.0.0.1:{port}"
         server_env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         server_env.update(
-            # Metrics off: the default port (9090) is one for every server here.
+            # Metrics off: the default port (8464) is one for every server here.
             {"IDEMPOTENCY_LISTEN_ADDR": target, "IDEMPOTENCY_DATA_DIR": str(data_dir), "IDEMPOTENCY_METRICS_ADDR": ""}
         )
         if database_url:
