@@ -4,37 +4,13 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::process::{ServerProcess, command, free_port};
+use common::process::{ServerProcess, command, free_port, scrape};
 use common::{Backend, StoreFixture, claim_request, eventually, outcome, secs};
 use idempotency_service::grpc::proto::{CompleteRequest, Outcome};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// GET /metrics over plain HTTP/1.0, parsed into `name{labels}` -> value.
-async fn scrape(port: u16) -> HashMap<String, f64> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    body.lines()
-        .filter(|l| {
-            !l.starts_with('#') && !l.is_empty() && !l.starts_with("HTTP/") && l.contains(' ')
-        })
-        .filter_map(|l| {
-            let (name, value) = l.rsplit_once(' ')?;
-            Some((name.to_owned(), value.parse().ok()?))
-        })
-        .collect()
-}
 
 fn store_command(store: &StoreFixture, dir: &std::path::Path) -> std::process::Command {
     let mut command = command(dir);

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::process::{ServerProcess, command, free_port, output_within};
+use common::process::{ServerProcess, command, free_port, output_within, scrape};
 use common::{Backend, StoreFixture, claim_request, outcome, pki, postgres_admin_url};
 use idempotency_service::config::Config;
 use idempotency_service::grpc::proto::Outcome;
@@ -327,12 +327,11 @@ async fn two_replicas_on_one_host_both_start_with_the_default_metrics_setting() 
     );
     assert_ne!(second_port, first_port);
     for port in [first_port, second_port] {
-        let body = tokio::task::spawn_blocking(move || http_get(&port.to_string(), "/metrics"))
-            .await
-            .unwrap();
-        assert!(
-            body.contains("idempotency_store_up 1"),
-            "port {port}: {body}"
+        let metrics = scrape(port).await;
+        assert_eq!(
+            metrics.get("idempotency_store_up"),
+            Some(&1.0),
+            "port {port}: {metrics:?}"
         );
     }
 
@@ -351,17 +350,4 @@ async fn two_replicas_on_one_host_both_start_with_the_default_metrics_setting() 
         .unwrap()
         .into_inner();
     assert_eq!(outcome(&duplicate), Outcome::InProgress);
-}
-
-/// The body of a plain HTTP/1.0 GET on the loopback.
-fn http_get(port: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
 }

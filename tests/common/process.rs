@@ -1,6 +1,6 @@
 //! The real binary as a child process, for what only a process can show:
 //! kill -9, SIGTERM, the `migrate` subcommand, starting with no arguments,
-//! a start that fails.
+//! a start that fails; and a scrape of its metrics endpoint.
 
 use std::io::Read;
 use std::path::Path;
@@ -197,4 +197,27 @@ impl Drop for ServerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// GET /metrics over plain HTTP/1.0, parsed into `name{labels}` -> value.
+pub async fn scrape(port: u16) -> std::collections::HashMap<String, f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    body.lines()
+        .filter(|l| {
+            !l.starts_with('#') && !l.is_empty() && !l.starts_with("HTTP/") && l.contains(' ')
+        })
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_owned(), value.parse().ok()?))
+        })
+        .collect()
 }
