@@ -55,9 +55,7 @@ server_bin="$out/idempotency-service"
 cp "${BENCH_SERVER_BIN:-target/release/idempotency-service}" "$server_bin"
 cp target/release/idempotency-bench "$out/"
 
-wrapped_pid=""
 cleanup() {
-  stop_pid "$wrapped_pid"
   stop_pid "$service_pid"
   stop_postgres
 }
@@ -65,6 +63,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 start_postgres
+service_wait_s=60 # valgrind starts slowly
 
 # A fresh database with the migrations applied; sets db_url.
 fresh_database() {
@@ -81,24 +80,12 @@ cycles_of() { # count json
     --connections 1 --requests "$1" --warmup 0s --wait-ready 120s --json "$2" >/dev/null 2>>"$out/load-generator.log"
 }
 
-wait_listening() { # port
-  for _ in $(seq 1 600); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    kill -0 "$wrapped_pid" 2>/dev/null || bench_die "the server exited at start"
-    sleep 0.1
-  done
-  bench_die "the server did not listen on $1 within 60 s"
-}
-
+# The server under a wrapper (valgrind, strace), metrics off as in the figures.
 start_wrapped() { # rust_log logfile wrapper...
-  local rust_log="$1" logfile="$2" port
+  local rust_log="$1" logfile="$2"
   shift 2
-  port=$(free_port)
-  env DATABASE_URL="$db_url" IDEMPOTENCY_LISTEN_ADDR="127.0.0.1:$port" IDEMPOTENCY_RUN_MIGRATIONS=false \
-    IDEMPOTENCY_METRICS_ADDR="" RUST_LOG="$rust_log" "$@" "$server_bin" >"$logfile" 2>&1 &
-  wrapped_pid=$!
-  service_target="http://127.0.0.1:$port"
-  wait_listening "$port"
+  service_wrapper=("$@")
+  start_service "$db_url" "$rust_log" "$logfile" IDEMPOTENCY_METRICS_ADDR=
 }
 
 # strace -c's total calls from its summary table.
@@ -108,11 +95,11 @@ strace_total() { awk '$NF == "total" { print $4 }' "$1" | tail -1; }
 # writes its summary.
 stop_traced() {
   local child
-  child=$(pgrep -P "$wrapped_pid" | head -1 || true)
+  child=$(pgrep -P "$service_pid" | head -1 || true)
   [[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null || true
-  for _ in $(seq 1 100); do kill -0 "$wrapped_pid" 2>/dev/null || break; sleep 0.1; done
-  stop_pid "$wrapped_pid"
-  wrapped_pid=""
+  for _ in $(seq 1 100); do kill -0 "$service_pid" 2>/dev/null || break; sleep 0.1; done
+  stop_pid "$service_pid"
+  service_pid=""
 }
 
 results="$out/results.txt"
@@ -123,11 +110,11 @@ for level in $levels; do
   start_wrapped "$level" "$out/server-callgrind-$level.log" \
     valgrind --tool=callgrind --callgrind-out-file="$out/callgrind-$level.%p.out"
   cycles_of "$warmup" "$out/warmup-$level.json"
-  callgrind_control -z "$wrapped_pid" >/dev/null
+  callgrind_control -z "$service_pid" >/dev/null
   cycles_of "$cycles" "$out/cycles-$level.json"
-  callgrind_control -d "$wrapped_pid" >/dev/null
-  stop_pid "$wrapped_pid"
-  wrapped_pid=""
+  callgrind_control -d "$service_pid" >/dev/null
+  stop_pid "$service_pid"
+  service_pid=""
   # The dump after zeroing is the file with the highest part number.
   dump=$(ls -v "$out"/callgrind-"$level".*.out.* 2>/dev/null | tail -1)
   [[ -n "$dump" ]] || bench_die "no callgrind dump in $out"

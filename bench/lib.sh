@@ -15,7 +15,10 @@
 #   stop_postgres                 stops and removes the throwaway cluster, if any
 #   start_service DB_URL RUST_LOG LOGFILE [ENV=VALUE...]
 #                                 starts $server_bin on free ports; sets service_pid,
-#                                 service_target (http://…) and service_metrics (host:port)
+#                                 service_target (http://…) and service_metrics (host:port);
+#                                 under the command in $service_wrapper (an array:
+#                                 valgrind, strace) when set, then waiting up to
+#                                 $service_wait_s seconds (10) for its port
 
 bench_log() { printf '[%s %s] %s\n' "${bench_name:-bench}" "$(date +%H:%M:%S)" "$*" >&2; }
 bench_die() { bench_log "error: $*"; exit 1; }
@@ -92,20 +95,23 @@ stop_postgres() {
 service_pid=""
 service_target=""
 service_metrics=""
+service_wrapper=()
+service_wait_s=10
 start_service() { # db_url rust_log logfile [ENV=VALUE...]
   local db_url="$1" rust_log="$2" logfile="$3" port metrics_port
   shift 3
   port=$(free_port)
   metrics_port=$(free_port)
   env DATABASE_URL="$db_url" IDEMPOTENCY_LISTEN_ADDR="127.0.0.1:$port" IDEMPOTENCY_RUN_MIGRATIONS=false \
-    IDEMPOTENCY_METRICS_ADDR="127.0.0.1:$metrics_port" RUST_LOG="$rust_log" "$@" "$server_bin" >"$logfile" 2>&1 &
+    IDEMPOTENCY_METRICS_ADDR="127.0.0.1:$metrics_port" RUST_LOG="$rust_log" "$@" \
+    "${service_wrapper[@]}" "$server_bin" >"$logfile" 2>&1 &
   service_pid=$!
   service_target="http://127.0.0.1:$port"
   service_metrics="127.0.0.1:$metrics_port"
-  for _ in $(seq 1 100); do
+  for _ in $(seq 1 $((service_wait_s * 10))); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
     kill -0 "$service_pid" 2>/dev/null || bench_die "the server exited at start: see $logfile"
     sleep 0.1
   done
-  bench_die "the server did not listen on $port within 10 s: see $logfile"
+  bench_die "the server did not listen on $port within $service_wait_s s: see $logfile"
 }
