@@ -30,7 +30,8 @@
 #   BENCH_SERVER_BIN    measure this server binary instead of target/release's
 #                       (an older commit's, to compare)
 #
-# Needs valgrind (callgrind_control, callgrind_annotate) and strace.
+# Needs valgrind (callgrind_control, callgrind_annotate) and strace; installs
+# them from Debian when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench_name=callgrind
@@ -41,6 +42,16 @@ warmup="${BENCH_WARMUP:-500}"
 levels="${BENCH_LEVELS:-warn info}"
 out="${BENCH_OUT:-target/bench/callgrind-$(date +%Y%m%d-%H%M%S)}"
 [[ "$cycles" =~ ^[1-9][0-9]*$ && "$warmup" =~ ^[1-9][0-9]*$ ]] || bench_die "BENCH_CYCLES and BENCH_WARMUP are whole numbers above 0"
+# valgrind and strace from Debian when missing (as the Go example's script
+# installs Go), so that scripts/test-all.sh needs nothing installed by hand.
+missing=()
+command -v callgrind_control >/dev/null || missing+=(valgrind)
+command -v strace >/dev/null || missing+=(strace)
+if ((${#missing[@]})); then
+  bench_log "installing ${missing[*]} from Debian"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 for tool in valgrind callgrind_control callgrind_annotate strace; do
   command -v "$tool" >/dev/null || bench_die "$tool is missing (Debian: valgrind, strace)"
 done
