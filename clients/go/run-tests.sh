@@ -1,41 +1,25 @@
 #!/usr/bin/env bash
-# Build and run the Go example against a real idempotency-service (embedded
-# store): Claim, Complete, Claim again -> replay, another payload -> mismatch.
+# The Go client's checks, against real idempotency-service processes
+# (embedded store, free ports, temporary data directories):
+#   1. go vet and go test of the idempotency package (clients/go/idempotency):
+#      the key and fingerprint vectors of clients/testdata/key_vectors.json,
+#      and Claim/Complete/replay, mismatch, in-progress, release on error,
+#      heartbeat and lost leases against a server the tests start;
+#   2. the example (clients/go/example): Claim, Complete, replay, mismatch
+#      with the generated stub alone.
 #
 # Go and grpc-go come from Debian's packages (GOPATH mode, no module proxy);
 # protoc is the one inside PyPI's grpcio-tools (in clients/go/.venv), with
 # Debian's protoc-gen-go and protoc-gen-go-grpc as plugins. The generated code
-# goes to a temporary GOPATH and is never committed. Run from anywhere.
+# goes to a temporary GOPATH and is never committed (lib.sh). Run from anywhere.
 #
 #   IDEMPOTENCY_BIN   the server binary (default: target/release/idempotency-service)
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-here="$repo/clients/go"
-bin=${IDEMPOTENCY_BIN:-target/release/idempotency-service}
-case "$bin" in /*) ;; *) bin="$repo/$bin" ;; esac
-if [ ! -x "$bin" ]; then
-  echo "go example: server binary not found at $bin (build it, or set IDEMPOTENCY_BIN)" >&2
-  exit 1
-fi
-
-# golang-github-golang-protobuf-1-5-dev, not the -1-3 variant: that one
-# panics at run time against the newer protobuf runtime.
-debs=(golang-go protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev)
-missing=()
-for deb in "${debs[@]}"; do
-  dpkg-query -W -f='${Status}' "$deb" 2>/dev/null | grep -q "install ok installed" || missing+=("$deb")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "go example: installing ${missing[*]} from Debian" >&2
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-
-venv="$here/.venv"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import grpc_tools" 2>/dev/null; then
-  "${PYTHON:-python3}" -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check grpcio-tools==1.85.1
-fi
+source "$(dirname "$0")/lib.sh"
+go_server_bin
+bin=$IDEMPOTENCY_BIN
+go_install_debs
+go_venv
 
 work=$(mktemp -d)
 server_pid=""
@@ -47,23 +31,18 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+go_gopath "$work"
 
-export GO111MODULE=off GOPROXY=off GOFLAGS=
-export GOPATH="$work/gopath:/usr/share/gocode"
-gen="$work/gopath/src"
-mkdir -p "$gen"
-mapping="idempotency/v1/idempotency.proto=idempotencyservice/gen/idempotencyv1"
-well_known=$("$venv/bin/python" -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')
-"$venv/bin/python" -m grpc_tools.protoc \
-  -I "$repo/proto" -I "$well_known" \
-  --plugin=protoc-gen-go=/usr/bin/protoc-gen-go \
-  --plugin=protoc-gen-go-grpc=/usr/bin/protoc-gen-go-grpc \
-  --go_out="$gen" --go_opt="M$mapping" \
-  --go-grpc_out="$gen" --go-grpc_opt="M$mapping" \
-  idempotency/v1/idempotency.proto
-(cd "$here/example" && go vet . && go build -o "$work/example" .)
+echo "== go: the idempotency package (vet, test)"
+(
+  cd "$work/gopath/src/idempotencyservice/idempotency"
+  go vet ./...
+  IDEMPOTENCY_KEY_VECTORS="$go_repo/clients/testdata/key_vectors.json" go test -count=1 -timeout 90s ./...
+)
 
-port=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+echo "== go: the example"
+(cd "$go_here/example" && go vet . && go build -o "$work/example" .)
+port=$("$go_venv_dir/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 mkdir -p "$work/data"
 env -u DATABASE_URL IDEMPOTENCY_LISTEN_ADDR="127.0.0.1:$port" IDEMPOTENCY_DATA_DIR="$work/data" IDEMPOTENCY_METRICS_ADDR= \
   "$bin" >"$work/server.log" 2>&1 &
