@@ -303,10 +303,12 @@ func TestAPanickingAttemptIsReleased(t *testing.T) {
 func TestTheHeartbeatKeepsTheLeasePastItsTTL(t *testing.T) {
 	c, ns, ctx := client(t), namespace(t), ctx(t)
 	other := client(t)
-	const ttl = time.Second
+	// A heartbeat every 300 ms keeps a 2 s lease with room for a slow call
+	// on a busy machine.
+	const ttl = 2 * time.Second
 	var seen *idempotency.ClaimResult
 	r, err := c.Once(ctx, ns, "k", func(ctx context.Context, lease idempotency.Lease) ([]byte, error) {
-		// Work for 2.5 leases; at 1.5 leases another claimant must still find it in progress.
+		// Work for 2 leases; at 1.5 leases another claimant must still find it in progress.
 		start := time.Now()
 		time.Sleep(ttl * 3 / 2)
 		claim, err := other.Claim(ctx, ns, "k", idempotency.ClaimOptions{})
@@ -314,9 +316,9 @@ func TestTheHeartbeatKeepsTheLeasePastItsTTL(t *testing.T) {
 			return nil, err
 		}
 		seen = claim
-		time.Sleep(ttl*5/2 - time.Since(start))
+		time.Sleep(ttl*2 - time.Since(start))
 		return []byte("long work"), ctx.Err()
-	}, idempotency.WithLeaseTTL(ttl), idempotency.WithHeartbeatInterval(ttl/4))
+	}, idempotency.WithLeaseTTL(ttl), idempotency.WithHeartbeatInterval(300*time.Millisecond))
 	if err != nil || r.Replayed || string(r.Value) != "long work" {
 		t.Fatalf("%+v %v", r, err)
 	}
