@@ -4,7 +4,10 @@ Modules:
   client       IdempotencyClient: Claim, Complete, Release, ExtendLease, Get, Purge,
                ClaimBatch, CompleteBatch, and once()
   aio          AsyncIdempotencyClient: the same over grpc.aio
-  once         the run-once lifecycle (Claim, work, Complete or Release, replay, heartbeat)
+  once         the run-once lifecycle (Claim, work, Complete or Release, replay,
+               heartbeat, checkpoints for resumable work)
+  retry        RetryPolicy: what is retried, the backoff, the overall deadline
+  channels     several addresses or a dns:/// name, round-robin, retries on the next one
   keys         derive_key() and fingerprint(): canonical forms in clients/KEYS.md
   types        Outcome, State and the typed results of the RPCs
   errors       one exception class per status a caller can act on
@@ -13,7 +16,7 @@ Modules:
 """
 
 from .aio import AsyncIdempotencyClient, AsyncOnce, AsyncRun
-from .client import IdempotencyClient
+from .client import IdempotencyClient, new_lease_token
 from .errors import (
     FingerprintMismatch,
     IdempotencyError,
@@ -29,6 +32,7 @@ from .errors import (
 )
 from .keys import canonical_json, derive_key, fingerprint, key_encoding
 from .once import Once, Run
+from .retry import DEFAULT_RETRY, RETRYABLE_CODES, RetryPolicy
 from .serializers import BYTES, JSON, BytesSerializer, JsonSerializer, Serializer
 from .types import (
     ClaimItem,
@@ -48,6 +52,7 @@ __all__ = [
     "AsyncOnce",
     "AsyncRun",
     "BYTES",
+    "DEFAULT_RETRY",
     "BytesSerializer",
     "ClaimItem",
     "ClaimResult",
@@ -69,8 +74,10 @@ __all__ = [
     "Outcome",
     "PermissionDenied",
     "PurgeResult",
+    "RETRYABLE_CODES",
     "Record",
     "ResourceExhausted",
+    "RetryPolicy",
     "Run",
     "Serializer",
     "State",
@@ -80,4 +87,5 @@ __all__ = [
     "derive_key",
     "fingerprint",
     "key_encoding",
+    "new_lease_token",
 ]

@@ -16,17 +16,16 @@ import contextlib
 import functools
 import inspect
 import time
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import grpc.aio
 
 from . import types
 from ._proto import idempotency_pb2 as pb
-from ._proto import idempotency_pb2_grpc as pb_grpc
+from .channels import ChannelOptions, Target, aio_channel_endpoints, aio_endpoints, parse_targets
 from .client import (
     DEFAULT_TIMEOUT,
-    ChannelOptions,
     call_metadata,
     channel_credentials,
     claim_batch_request,
@@ -35,6 +34,7 @@ from .client import (
     complete_request,
     extend_lease_request,
     purge_request,
+    release_request,
 )
 from .errors import IdempotencyError, LeaseLost, from_rpc_error
 from .once import (
@@ -45,11 +45,14 @@ from .once import (
     Settings,
     add_note,
     fingerprint_error,
+    heartbeat_timeout,
     in_progress_error,
     log,
     next_pause,
     unexpected_outcome,
+    with_run,
 )
+from .retry import DEFAULT_RETRY, Attempts, RetryLike, retry_policy
 from .serializers import JSON, Serializer
 from .types import (
     ClaimItem,
@@ -67,12 +70,13 @@ from .types import (
 
 
 class AsyncIdempotencyClient:
-    """The asyncio client; the same arguments as IdempotencyClient (token, TLS
-    options, credentials, timeout), with a grpc.aio channel."""
+    """The asyncio client; the same arguments as IdempotencyClient (target or
+    targets, token, TLS options, credentials, timeout, retry), with grpc.aio
+    channels; `interceptors` are grpc.aio client interceptors."""
 
     def __init__(
         self,
-        target: Optional[str] = None,
+        target: Optional[Target] = None,
         *,
         token: Optional[str] = None,
         tls: bool = False,
@@ -80,28 +84,37 @@ class AsyncIdempotencyClient:
         client_certificate: Optional[bytes] = None,
         client_key: Optional[bytes] = None,
         credentials: Optional[grpc.ChannelCredentials] = None,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
         options: ChannelOptions = None,
         channel: Optional[grpc.aio.Channel] = None,
+        retry: RetryLike = DEFAULT_RETRY,
+        interceptors: Optional[Sequence[Any]] = None,
     ):
         metadata = call_metadata(token)
         credentials = channel_credentials(
             credentials, tls, root_certificates, client_certificate, client_key, channel
         )
-        if channel is None:
+        self.retry = retry_policy(retry)
+        interceptors = list(interceptors or ())
+        if channel is not None:
+            if interceptors:
+                raise TypeError("interceptors go with a target; add them to your own channel yourself")
+            self._endpoints = aio_channel_endpoints(channel)
+        else:
             if target is None:
                 raise TypeError("AsyncIdempotencyClient needs a target or a channel")
-            if credentials is None:
-                channel = grpc.aio.insecure_channel(target, options=options)
-            else:
-                channel = grpc.aio.secure_channel(target, credentials, options=options)
-        self._channel = channel
-        self._stub = pb_grpc.IdempotencyServiceStub(channel)
+            self._endpoints = aio_endpoints(parse_targets(target), credentials, options, interceptors)
         self._metadata = metadata
         self.timeout = timeout
 
+    @property
+    def targets(self) -> List[str]:
+        """The addresses this client calls, one channel each."""
+        return self._endpoints.targets
+
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._endpoints.channels:
+            await channel.close()
 
     async def __aenter__(self) -> "AsyncIdempotencyClient":
         return self
@@ -109,15 +122,21 @@ class AsyncIdempotencyClient:
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
 
-    async def _call(self, name: str, method, request, timeout: Optional[float]):
-        try:
-            return await method(
-                request,
-                timeout=self.timeout if timeout is None else timeout,
-                metadata=self._metadata,
-            )
-        except grpc.RpcError as error:  # grpc.aio.AioRpcError is one
-            raise from_rpc_error(error, name) from error
+    async def _call(self, name: str, request, timeout: Optional[float]):
+        """As IdempotencyClient._call(): the RPC with its retries, within the deadline."""
+        attempts = Attempts(self.retry, self.timeout if timeout is None else timeout)
+        first = self._endpoints.first()
+        while True:
+            endpoint = self._endpoints.pick(first, attempts.made)
+            try:
+                return await getattr(endpoint.stub, name)(
+                    request, timeout=attempts.timeout(), metadata=self._metadata
+                )
+            except grpc.RpcError as error:  # grpc.aio.AioRpcError is one
+                pause = attempts.pause_after(error, name, endpoint.target)
+                if pause is None:
+                    raise from_rpc_error(error, name, attempts.made) from error
+            await asyncio.sleep(pause)
 
     async def claim(
         self,
@@ -127,10 +146,12 @@ class AsyncIdempotencyClient:
         fingerprint: bytes = b"",
         lease_ttl: Optional[DurationLike] = None,
         retention: Optional[DurationLike] = None,
+        lease_token: Optional[str] = None,
         timeout: Optional[float] = None,
     ) -> ClaimResult:
-        request = claim_request(namespace, key, fingerprint, lease_ttl, retention)
-        return types.claim_result(await self._call("Claim", self._stub.Claim, request, timeout))
+        """As IdempotencyClient.claim(): retry-safe with its own lease token."""
+        request = claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token)
+        return types.claim_result(await self._call("Claim", request, timeout))
 
     async def complete(
         self,
@@ -143,15 +164,20 @@ class AsyncIdempotencyClient:
         timeout: Optional[float] = None,
     ) -> CompleteResult:
         request = complete_request(namespace, key, lease_token, response, retention)
-        return types.complete_result(
-            await self._call("Complete", self._stub.Complete, request, timeout)
-        )
+        return types.complete_result(await self._call("Complete", request, timeout))
 
     async def release(
-        self, namespace: str, key: str, lease_token: str, *, timeout: Optional[float] = None
+        self,
+        namespace: str,
+        key: str,
+        lease_token: str,
+        *,
+        checkpoint: Optional[bytes] = None,
+        timeout: Optional[float] = None,
     ) -> None:
-        request = pb.ReleaseRequest(namespace=namespace, key=key, lease_token=lease_token)
-        await self._call("Release", self._stub.Release, request, timeout)
+        """As IdempotencyClient.release(), with an optional checkpoint."""
+        request = release_request(namespace, key, lease_token, checkpoint)
+        await self._call("Release", request, timeout)
 
     async def extend_lease(
         self,
@@ -160,16 +186,16 @@ class AsyncIdempotencyClient:
         lease_token: str,
         *,
         lease_ttl: Optional[DurationLike] = None,
+        checkpoint: Optional[bytes] = None,
         timeout: Optional[float] = None,
     ) -> ExtendLeaseResult:
-        request = extend_lease_request(namespace, key, lease_token, lease_ttl)
-        return types.extend_lease_result(
-            await self._call("ExtendLease", self._stub.ExtendLease, request, timeout)
-        )
+        """As IdempotencyClient.extend_lease(), with an optional checkpoint."""
+        request = extend_lease_request(namespace, key, lease_token, lease_ttl, checkpoint)
+        return types.extend_lease_result(await self._call("ExtendLease", request, timeout))
 
     async def get(self, namespace: str, key: str, *, timeout: Optional[float] = None) -> Record:
         request = pb.GetRequest(namespace=namespace, key=key)
-        return types.record(await self._call("Get", self._stub.Get, request, timeout))
+        return types.record(await self._call("Get", request, timeout))
 
     async def claim_batch(
         self,
@@ -179,7 +205,7 @@ class AsyncIdempotencyClient:
     ) -> List[ClaimResult]:
         """As IdempotencyClient.claim_batch(): one ClaimResult per item, in order."""
         request = claim_batch_request(items)
-        reply = await self._call("ClaimBatch", self._stub.ClaimBatch, request, timeout)
+        reply = await self._call("ClaimBatch", request, timeout)
         return [types.claim_result(item) for item in reply.items]
 
     async def complete_batch(
@@ -190,7 +216,7 @@ class AsyncIdempotencyClient:
     ) -> List[CompleteItemResult]:
         """As IdempotencyClient.complete_batch(): per-item results; a failed item does not raise."""
         request = complete_batch_request(items)
-        reply = await self._call("CompleteBatch", self._stub.CompleteBatch, request, timeout)
+        reply = await self._call("CompleteBatch", request, timeout)
         return types.complete_item_results(reply)
 
     async def purge(
@@ -198,7 +224,7 @@ class AsyncIdempotencyClient:
     ) -> PurgeResult:
         """As IdempotencyClient.purge(): make a key claimable again at once."""
         request = purge_request(namespace, key, reason)
-        return types.purge_result(await self._call("Purge", self._stub.Purge, request, timeout))
+        return types.purge_result(await self._call("Purge", request, timeout))
 
     def once(
         self,
@@ -233,14 +259,25 @@ class AsyncIdempotencyClient:
 
 
 class AsyncRun(Run):
-    """Run for `async with`: `await run(fn, *args)`; fn may be a coroutine function."""
+    """Run for `async with`: `await run(fn, *args)`; fn may be a coroutine
+    function, and receives the run when it declares a keyword-only `run`.
+    `await run.save_checkpoint(data)` saves a checkpoint."""
+
+    async def save_checkpoint(self, data: bytes) -> None:  # type: ignore[override]
+        """As Run.save_checkpoint(), awaited."""
+        data = self._before_save(data)
+        try:
+            await self._save(data)
+        except LEASE_GONE as error:
+            raise self._save_failed(error) from error
+        self._saved(data)
 
     async def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.replayed:
             return self.result
         if self._has_result:
             raise RuntimeError("once(): this run already has a result")
-        result = fn(*args, **kwargs)
+        result = fn(*args, **with_run(self, fn, kwargs))
         if inspect.isawaitable(result):
             result = await result
         self.set_result(result)
@@ -285,9 +322,10 @@ class AsyncOnce:
                 retention=settings.retention,
             )
             if claim.outcome is Outcome.CLAIMED:
-                self._run = AsyncRun(claim, replayed=False)
+                self._run = run = AsyncRun(claim, replayed=False)
+                run._save = functools.partial(self._save_checkpoint, claim.lease_token)
                 self._start_heartbeat(claim)
-                return self._run
+                return run
             if claim.outcome is Outcome.COMPLETED:
                 self._run = AsyncRun(claim, True, settings.serializer.loads(claim.response))
                 return self._run
@@ -309,13 +347,24 @@ class AsyncOnce:
             return
         self._heartbeat = asyncio.ensure_future(self._beat(claim, interval))
 
+    async def _save_checkpoint(self, token: str, data: bytes) -> None:
+        settings = self._settings
+        await self._client.extend_lease(
+            settings.namespace, self._key, token, lease_ttl=settings.lease_ttl, checkpoint=data
+        )
+
     async def _beat(self, claim: ClaimResult, interval: float) -> None:
         settings = self._settings
+        timeout = heartbeat_timeout(interval, self._client.timeout)
         while True:
             await asyncio.sleep(interval)
             try:
                 await self._client.extend_lease(
-                    settings.namespace, self._key, claim.lease_token, lease_ttl=settings.lease_ttl
+                    settings.namespace,
+                    self._key,
+                    claim.lease_token,
+                    lease_ttl=settings.lease_ttl,
+                    timeout=timeout,
                 )
             except LEASE_GONE as error:
                 self._run._lost = error
@@ -365,7 +414,9 @@ class AsyncOnce:
         if self._run._lost is not None:
             return
         try:
-            await self._client.release(self._settings.namespace, self._key, token)
+            await self._client.release(
+                self._settings.namespace, self._key, token, checkpoint=self._run._last_saved
+            )
         except IdempotencyError as error:
             log.warning("idempotency once(): Release after a failed attempt failed: %s", error)
             add_note(failure, f"idempotency: Release after this failure also failed: {error}")

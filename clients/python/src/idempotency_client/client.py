@@ -4,15 +4,25 @@ results and typed errors, and once() built on them.
 
 from __future__ import annotations
 
+import secrets
+import time
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
 from . import types
 from ._proto import idempotency_pb2 as pb
-from ._proto import idempotency_pb2_grpc as pb_grpc
+from .channels import (
+    ChannelOptions,
+    Target,
+    close_sync,
+    parse_targets,
+    sync_channel_endpoints,
+    sync_endpoints,
+)
 from .errors import from_rpc_error
 from .once import FingerprintLike, KeyLike, Once, Settings
+from .retry import DEFAULT_RETRY, Attempts, RetryLike, retry_policy
 from .serializers import JSON, Serializer
 from .types import (
     ClaimItem,
@@ -26,10 +36,15 @@ from .types import (
     Record,
 )
 
-#: Per-call deadline unless the client or the call sets another, in seconds.
+#: A call's overall deadline (all its attempts) unless the client or the call
+#: sets another, in seconds.
 DEFAULT_TIMEOUT = 10.0
 
-ChannelOptions = Optional[Sequence[Tuple[str, Any]]]
+
+def new_lease_token() -> str:
+    """A fresh lease token for one logical Claim: 128 bits from the OS's CSPRNG,
+    as 32 lowercase hex characters (what the server expects)."""
+    return secrets.token_hex(16)
 
 
 def _fingerprint_bytes(fingerprint: Any) -> bytes:
@@ -41,13 +56,28 @@ def _fingerprint_bytes(fingerprint: Any) -> bytes:
     )
 
 
-def claim_request(namespace, key, fingerprint, lease_ttl, retention) -> pb.ClaimRequest:
+def _checkpoint_bytes(checkpoint: Any) -> Optional[bytes]:
+    if checkpoint is None:
+        return None
+    if isinstance(checkpoint, (bytes, bytearray, memoryview)):
+        return bytes(checkpoint)
+    raise TypeError(f"checkpoint must be bytes, got {type(checkpoint).__name__}")
+
+
+def claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token=None) -> pb.ClaimRequest:
+    """A Claim with its own lease token (a new one unless given), so that the
+    same request, sent again after a lost answer, gets the same lease back."""
+    if lease_token is None:
+        lease_token = new_lease_token()
+    elif not isinstance(lease_token, str):
+        raise TypeError(f"lease_token must be a str, got {type(lease_token).__name__}")
     return pb.ClaimRequest(
         namespace=namespace,
         key=key,
         fingerprint=_fingerprint_bytes(fingerprint),
         lease_ttl=types.to_duration(lease_ttl, "lease_ttl"),
         retention=types.to_duration(retention, "retention"),
+        lease_token=lease_token,
     )
 
 
@@ -63,13 +93,25 @@ def complete_request(namespace, key, lease_token, response, retention) -> pb.Com
     )
 
 
-def extend_lease_request(namespace, key, lease_token, lease_ttl) -> pb.ExtendLeaseRequest:
-    return pb.ExtendLeaseRequest(
+def extend_lease_request(namespace, key, lease_token, lease_ttl, checkpoint=None) -> pb.ExtendLeaseRequest:
+    request = pb.ExtendLeaseRequest(
         namespace=namespace,
         key=key,
         lease_token=lease_token,
         lease_ttl=types.to_duration(lease_ttl, "lease_ttl"),
     )
+    checkpoint = _checkpoint_bytes(checkpoint)
+    if checkpoint is not None:
+        request.checkpoint = checkpoint
+    return request
+
+
+def release_request(namespace, key, lease_token, checkpoint=None) -> pb.ReleaseRequest:
+    request = pb.ReleaseRequest(namespace=namespace, key=key, lease_token=lease_token)
+    checkpoint = _checkpoint_bytes(checkpoint)
+    if checkpoint is not None:
+        request.checkpoint = checkpoint
+    return request
 
 
 def _item(item: Any, cls: type, index: int):
@@ -89,7 +131,9 @@ def claim_batch_request(items: Iterable[Union[ClaimItem, Mapping[str, Any]]]) ->
         item = _item(item, ClaimItem, index)
         try:
             request.items.append(
-                claim_request(item.namespace, item.key, item.fingerprint, item.lease_ttl, item.retention)
+                claim_request(
+                    item.namespace, item.key, item.fingerprint, item.lease_ttl, item.retention, item.lease_token
+                )
             )
         except TypeError as error:
             raise TypeError(f"items[{index}].{error}") from None
@@ -166,8 +210,14 @@ class IdempotencyClient:
     """A client of idempotency-service.
 
         client = IdempotencyClient("127.0.0.1:50051")
-        client = IdempotencyClient("idempotency.internal:50051", token=token,
+        client = IdempotencyClient(["10.0.0.1:50051", "10.0.0.2:50051"])
+        client = IdempotencyClient("dns:///idempotency.internal:50051", token=token,
                                    root_certificates=open("ca.pem", "rb").read())
+
+    `target` is one address, several (a list, or a string with commas), or a
+    gRPC target URI (`dns:///name:port` balances over every address the name
+    resolves to; `ipv4:a:1,b:2` too). With several addresses, calls go to
+    each in turn and a retry goes to the next one (see channels.py).
 
     `token` is sent as `authorization: Bearer <token>` with every call
     (once()'s and the batch calls' included). Over a plaintext channel it
@@ -180,13 +230,19 @@ class IdempotencyClient:
     (grpc.ChannelCredentials), or an existing `channel` instead of a target;
     the token is still sent with those. Without any, the channel is plaintext.
 
-    `timeout` is each call's deadline in seconds. Errors are raised as the
-    classes in idempotency_client.errors, never as bare grpc.RpcError.
+    `timeout` is each call's overall deadline in seconds, its retries
+    included. `retry` is the RetryPolicy (on by default: UNAVAILABLE,
+    RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED are retried with capped
+    exponential backoff and full jitter; see retry.py); None turns retries off.
+    `interceptors` (grpc.UnaryUnaryClientInterceptor) wrap every channel.
+    Errors are raised as the classes in idempotency_client.errors, never as
+    bare grpc.RpcError; after retries, the last attempt's error, with
+    `attempts` set.
     """
 
     def __init__(
         self,
-        target: Optional[str] = None,
+        target: Optional[Target] = None,
         *,
         token: Optional[str] = None,
         tls: bool = False,
@@ -194,28 +250,34 @@ class IdempotencyClient:
         client_certificate: Optional[bytes] = None,
         client_key: Optional[bytes] = None,
         credentials: Optional[grpc.ChannelCredentials] = None,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
         options: ChannelOptions = None,
         channel: Optional[grpc.Channel] = None,
+        retry: RetryLike = DEFAULT_RETRY,
+        interceptors: Optional[Sequence[Any]] = None,
     ):
         metadata = call_metadata(token)
         credentials = channel_credentials(
             credentials, tls, root_certificates, client_certificate, client_key, channel
         )
-        if channel is None:
+        self.retry = retry_policy(retry)
+        interceptors = list(interceptors or ())
+        if channel is not None:
+            self._endpoints = sync_channel_endpoints(channel, interceptors)
+        else:
             if target is None:
                 raise TypeError("IdempotencyClient needs a target or a channel")
-            if credentials is None:
-                channel = grpc.insecure_channel(target, options=options)
-            else:
-                channel = grpc.secure_channel(target, credentials, options=options)
-        self._channel = channel
-        self._stub = pb_grpc.IdempotencyServiceStub(channel)
+            self._endpoints = sync_endpoints(parse_targets(target), credentials, options, interceptors)
         self._metadata = metadata
         self.timeout = timeout
 
+    @property
+    def targets(self) -> List[str]:
+        """The addresses this client calls, one channel each."""
+        return self._endpoints.targets
+
     def close(self) -> None:
-        self._channel.close()
+        close_sync(self._endpoints)
 
     def __enter__(self) -> "IdempotencyClient":
         return self
@@ -223,15 +285,22 @@ class IdempotencyClient:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def _call(self, name: str, method, request, timeout: Optional[float]):
-        try:
-            return method(
-                request,
-                timeout=self.timeout if timeout is None else timeout,
-                metadata=self._metadata,
-            )
-        except grpc.RpcError as error:
-            raise from_rpc_error(error, name) from error
+    def _call(self, name: str, request, timeout: Optional[float]):
+        """One RPC with its retries: each attempt on the next channel in turn,
+        within the overall deadline; the last failure raised as its typed error."""
+        attempts = Attempts(self.retry, self.timeout if timeout is None else timeout)
+        first = self._endpoints.first()
+        while True:
+            endpoint = self._endpoints.pick(first, attempts.made)
+            try:
+                return getattr(endpoint.stub, name)(
+                    request, timeout=attempts.timeout(), metadata=self._metadata
+                )
+            except grpc.RpcError as error:
+                pause = attempts.pause_after(error, name, endpoint.target)
+                if pause is None:
+                    raise from_rpc_error(error, name, attempts.made) from error
+            time.sleep(pause)
 
     def claim(
         self,
@@ -241,11 +310,17 @@ class IdempotencyClient:
         fingerprint: bytes = b"",
         lease_ttl: Optional[DurationLike] = None,
         retention: Optional[DurationLike] = None,
+        lease_token: Optional[str] = None,
         timeout: Optional[float] = None,
     ) -> ClaimResult:
-        """Try to take the lease on a key. Losing a race is Outcome.IN_PROGRESS, not an error."""
-        request = claim_request(namespace, key, fingerprint, lease_ttl, retention)
-        return types.claim_result(self._call("Claim", self._stub.Claim, request, timeout))
+        """Try to take the lease on a key. Losing a race is Outcome.IN_PROGRESS, not an error.
+
+        The Claim carries its own lease token (`lease_token`, or a new random
+        one), the same on every retry: a retry after a lost answer gets the
+        same lease back (`retried` is then True). Pass your own only to retry
+        a logical Claim yourself; never reuse one across Claims."""
+        request = claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token)
+        return types.claim_result(self._call("Claim", request, timeout))
 
     def complete(
         self,
@@ -259,14 +334,22 @@ class IdempotencyClient:
     ) -> CompleteResult:
         """Store the work's result; later Claims replay it. Safe to retry."""
         request = complete_request(namespace, key, lease_token, response, retention)
-        return types.complete_result(self._call("Complete", self._stub.Complete, request, timeout))
+        return types.complete_result(self._call("Complete", request, timeout))
 
     def release(
-        self, namespace: str, key: str, lease_token: str, *, timeout: Optional[float] = None
+        self,
+        namespace: str,
+        key: str,
+        lease_token: str,
+        *,
+        checkpoint: Optional[bytes] = None,
+        timeout: Optional[float] = None,
     ) -> None:
-        """Give a failed attempt back: the key is claimable again at once."""
-        request = pb.ReleaseRequest(namespace=namespace, key=key, lease_token=lease_token)
-        self._call("Release", self._stub.Release, request, timeout)
+        """Give a failed attempt back: the key is claimable again at once.
+        `checkpoint` (bytes) is saved for the next holder; None keeps the last
+        one saved."""
+        request = release_request(namespace, key, lease_token, checkpoint)
+        self._call("Release", request, timeout)
 
     def extend_lease(
         self,
@@ -275,18 +358,19 @@ class IdempotencyClient:
         lease_token: str,
         *,
         lease_ttl: Optional[DurationLike] = None,
+        checkpoint: Optional[bytes] = None,
         timeout: Optional[float] = None,
     ) -> ExtendLeaseResult:
-        """Keep a long piece of work's lease alive: it now ends lease_ttl from now."""
-        request = extend_lease_request(namespace, key, lease_token, lease_ttl)
-        return types.extend_lease_result(
-            self._call("ExtendLease", self._stub.ExtendLease, request, timeout)
-        )
+        """Keep a long piece of work's lease alive: it now ends lease_ttl from
+        now. `checkpoint` (bytes: how far the work got) replaces the one saved
+        before; whoever takes the key over after this lease receives it."""
+        request = extend_lease_request(namespace, key, lease_token, lease_ttl, checkpoint)
+        return types.extend_lease_result(self._call("ExtendLease", request, timeout))
 
     def get(self, namespace: str, key: str, *, timeout: Optional[float] = None) -> Record:
         """Inspect a key's record without changing it."""
         request = pb.GetRequest(namespace=namespace, key=key)
-        return types.record(self._call("Get", self._stub.Get, request, timeout))
+        return types.record(self._call("Get", request, timeout))
 
     def claim_batch(
         self,
@@ -300,9 +384,10 @@ class IdempotencyClient:
         item is CLAIMED, the second IN_PROGRESS. An invalid item fails the whole
         call with InvalidArgument naming it ("items[3].key: ..."), as does an
         empty list or one longer than the server's limit (500 unless configured).
+        Each item carries its own lease token, so the batch is safe to retry.
         """
         request = claim_batch_request(items)
-        reply = self._call("ClaimBatch", self._stub.ClaimBatch, request, timeout)
+        reply = self._call("ClaimBatch", request, timeout)
         return [types.claim_result(item) for item in reply.items]
 
     def complete_batch(
@@ -317,7 +402,7 @@ class IdempotencyClient:
         (KeyNotFound, LeaseNotCurrent). A failed item does not raise; an
         invalid item fails the whole call with InvalidArgument naming it."""
         request = complete_batch_request(items)
-        reply = self._call("CompleteBatch", self._stub.CompleteBatch, request, timeout)
+        reply = self._call("CompleteBatch", request, timeout)
         return types.complete_item_results(reply)
 
     def purge(
@@ -327,7 +412,7 @@ class IdempotencyClient:
         expires now; a live lease is revoked, so its holder's Complete raises
         KeyNotFound). `reason` (at most 256 bytes) goes to the server's log."""
         request = purge_request(namespace, key, reason)
-        return types.purge_result(self._call("Purge", self._stub.Purge, request, timeout))
+        return types.purge_result(self._call("Purge", request, timeout))
 
     def once(
         self,
@@ -354,6 +439,9 @@ class IdempotencyClient:
         See idempotency_client.once for the lifecycle. `lease_ttl` and
         `retention` default to the server's; the heartbeat extends the lease
         every heartbeat_interval (default lease_ttl / 3) while the work runs.
+        Resumable work: `run.checkpoint` is what an earlier holder saved (or
+        None), `run.save_checkpoint(data)` saves progress; a work function
+        with a keyword-only parameter `run` receives the Run.
         """
         return Once(
             self,

@@ -15,11 +15,15 @@ class IdempotencyError(Exception):
 
     #: The gRPC status code behind the error, when a call failed.
     code: Optional[grpc.StatusCode] = None
+    #: How many attempts the call made (its retries included) before this
+    #: error; 1 when it was not retried, 0 when no call was made.
+    attempts: int = 0
 
-    def __init__(self, message: str, *, code: Optional[grpc.StatusCode] = None):
+    def __init__(self, message: str, *, code: Optional[grpc.StatusCode] = None, attempts: int = 0):
         super().__init__(message)
         if code is not None:
             self.code = code
+        self.attempts = attempts
 
 
 class InvalidArgument(IdempotencyError, ValueError):
@@ -45,7 +49,8 @@ class LeaseNotCurrent(IdempotencyError):
 
 class Unavailable(IdempotencyError):
     """UNAVAILABLE (or DEADLINE_EXCEEDED): the service or its store cannot be
-    reached; retry with backoff."""
+    reached. The client has retried already (see RetryPolicy): raised when
+    the attempts or the call's deadline ran out."""
 
     code = grpc.StatusCode.UNAVAILABLE
 
@@ -67,7 +72,8 @@ class PermissionDenied(IdempotencyError):
 
 class ResourceExhausted(IdempotencyError):
     """RESOURCE_EXHAUSTED: over the caller's rate limit, or the server has too
-    many calls in flight. Nothing was done; retry with backoff."""
+    many calls in flight. Nothing was done. The client has retried already
+    (see RetryPolicy): raised when the attempts or the deadline ran out."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -125,9 +131,11 @@ def from_item_status(number: int, message: str, method: str, index: int) -> Idem
     return cls(f"{method}: items[{index}]: {name}: {message or name}", code=code)
 
 
-def from_rpc_error(error: grpc.RpcError, method: str) -> IdempotencyError:
-    """The typed error for a failed call (grpc.RpcError and grpc.aio.AioRpcError)."""
+def from_rpc_error(error: grpc.RpcError, method: str, attempts: int = 1) -> IdempotencyError:
+    """The typed error for a failed call (grpc.RpcError and grpc.aio.AioRpcError),
+    after `attempts` attempts (said in the message when more than one)."""
     code = error.code()
     details = error.details() or code.name
     cls = _BY_CODE.get(code, IdempotencyError)
-    return cls(f"{method}: {code.name}: {details}", code=code)
+    after = f" (after {attempts} attempts)" if attempts > 1 else ""
+    return cls(f"{method}: {code.name}: {details}{after}", code=code, attempts=attempts)

@@ -14,6 +14,24 @@ Claim, then by outcome:
   IN_PROGRESS          on_in_progress="wait": Claim again with backoff until
                        wait_timeout (then raise InProgress); "raise": raise InProgress.
 
+Resumable work: when an earlier holder of the key died or failed after saving
+a checkpoint, the Claim that takes the key over receives it. `run.checkpoint`
+is that checkpoint (bytes, or None), `run.checkpoint_fencing_token` the
+fencing token it was saved under, and `run.save_checkpoint(data)` saves a new
+one under the lease (ExtendLease, which also extends the lease). A work
+function called through run(fn, ...), Once.run() or the decorator receives
+the Run when it declares a keyword-only parameter named `run`:
+
+    def job(order, *, run):
+        done = json.loads(run.checkpoint) if run.checkpoint is not None else []
+        if "charge" not in done:
+            charge(order); done.append("charge")
+            run.save_checkpoint(json.dumps(done).encode())
+        ...
+
+A Release after a failure carries the last checkpoint the work asked to
+save, so progress whose save failed is not lost with the lease.
+
 This module holds the synchronous helper and the rules both variants share;
 aio.py has the asyncio one.
 """
@@ -22,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import threading
 import time
@@ -135,6 +154,35 @@ def add_note(error: BaseException, note: str) -> None:
         error.add_note(note)
 
 
+def wants_run(fn: Callable[..., Any]) -> bool:
+    """True when fn declares a keyword-only parameter named `run`: it is
+    handed the Run (for run.checkpoint and run.save_checkpoint())."""
+    try:
+        parameter = inspect.signature(fn).parameters.get("run")
+    except (TypeError, ValueError):  # builtins and other callables without one
+        return False
+    return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def with_run(run: "Run", fn: Callable[..., Any], kwargs: dict) -> dict:
+    if "run" not in kwargs and wants_run(fn):
+        return {**kwargs, "run": run}
+    return kwargs
+
+
+def checkpoint_bytes(data: Any) -> bytes:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"save_checkpoint(): the checkpoint must be bytes, got {type(data).__name__}")
+
+
+def heartbeat_timeout(interval: float, client_timeout: Optional[float]) -> float:
+    """A heartbeat's ExtendLease (retries included) ends before the next beat
+    is due, so stopping the heartbeat never waits long."""
+    bound = max(interval, 1.0)
+    return bound if client_timeout is None else min(bound, client_timeout)
+
+
 class Run:
     """What the body of `with client.once(...) as run:` works with.
 
@@ -151,10 +199,59 @@ class Run:
         self.result = result
         self._has_result = replayed
         self._lost: Optional[BaseException] = None
+        self._checkpoint = claim.checkpoint
+        self._checkpoint_fencing_token = claim.checkpoint_fencing_token
+        #: The last checkpoint the work asked to save (sent again with a Release).
+        self._last_saved: Optional[bytes] = None
+        #: How a checkpoint is saved under this lease (set by Once).
+        self._save: Optional[Callable[[bytes], Any]] = None
 
     @property
     def fencing_token(self) -> Optional[int]:
         return self.claim.fencing_token
+
+    @property
+    def checkpoint(self) -> Optional[bytes]:
+        """The last checkpoint: the one an earlier holder of the key saved
+        (received with the Claim), or the last this run saved; None when
+        there is none (start from the beginning)."""
+        return self._checkpoint
+
+    @property
+    def checkpoint_fencing_token(self) -> Optional[int]:
+        """The fencing token of the lease `checkpoint` was saved under (lower
+        than fencing_token when an earlier holder saved it); None with it."""
+        return self._checkpoint_fencing_token
+
+    def _before_save(self, data: Any) -> bytes:
+        if self.replayed:
+            raise RuntimeError("once(): this key was replayed; there is no lease to save a checkpoint under")
+        if self._lost is not None:
+            raise LeaseLost("the lease was lost while the work ran; the checkpoint was not saved") from self._lost
+        data = checkpoint_bytes(data)
+        self._last_saved = data
+        return data
+
+    def _saved(self, data: bytes) -> None:
+        self._checkpoint = data
+        self._checkpoint_fencing_token = self.fencing_token
+
+    def _save_failed(self, error: BaseException) -> LeaseLost:
+        self._lost = error
+        return LeaseLost("the lease was lost while the work ran; the checkpoint was not saved")
+
+    def save_checkpoint(self, data: bytes) -> None:
+        """Save how far the work got (bytes, at most the server's limit: 64
+        KiB unless configured) under the lease, replacing the last one, and
+        extend the lease. If this worker dies, whoever claims the key next
+        receives it as run.checkpoint. Raises LeaseLost when the lease is no
+        longer ours (stop: someone else may be doing the work)."""
+        data = self._before_save(data)
+        try:
+            self._save(data)
+        except LEASE_GONE as error:
+            raise self._save_failed(error) from error
+        self._saved(data)
 
     @property
     def lease_lost(self) -> bool:
@@ -175,11 +272,13 @@ class Run:
         self._has_result = True
 
     def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs), plus run=self when fn declares a keyword-only
+        `run`; or the replayed result without calling fn."""
         if self.replayed:
             return self.result
         if self._has_result:
             raise RuntimeError("once(): this run already has a result")
-        self.set_result(fn(*args, **kwargs))
+        self.set_result(fn(*args, **with_run(self, fn, kwargs)))
         return self.result
 
 
@@ -253,9 +352,10 @@ class Once:
                 retention=settings.retention,
             )
             if claim.outcome is Outcome.CLAIMED:
-                self._run = Run(claim, replayed=False)
+                self._run = run = Run(claim, replayed=False)
+                run._save = functools.partial(self._save_checkpoint, claim.lease_token)
                 self._start_heartbeat(claim)
-                return self._run
+                return run
             if claim.outcome is Outcome.COMPLETED:
                 self._run = Run(claim, True, settings.serializer.loads(claim.response))
                 return self._run
@@ -278,15 +378,23 @@ class Once:
         run = self._run
         settings = self._settings
 
+        timeout = heartbeat_timeout(interval, self._client.timeout)
+
         def extend() -> None:
             self._client.extend_lease(
-                settings.namespace, self._key, claim.lease_token, lease_ttl=settings.lease_ttl
+                settings.namespace, self._key, claim.lease_token, lease_ttl=settings.lease_ttl, timeout=timeout
             )
 
         def on_lost(error: BaseException) -> None:
             run._lost = error
 
         self._heartbeat = _Heartbeat(extend, interval, on_lost)
+
+    def _save_checkpoint(self, token: str, data: bytes) -> None:
+        settings = self._settings
+        self._client.extend_lease(
+            settings.namespace, self._key, token, lease_ttl=settings.lease_ttl, checkpoint=data
+        )
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         run = self._run
@@ -325,7 +433,9 @@ class Once:
         if self._run._lost is not None:
             return  # not ours any more: nothing to release
         try:
-            self._client.release(self._settings.namespace, self._key, token)
+            self._client.release(
+                self._settings.namespace, self._key, token, checkpoint=self._run._last_saved
+            )
         except IdempotencyError as error:
             log.warning("idempotency once(): Release after a failed attempt failed: %s", error)
             add_note(failure, f"idempotency: Release after this failure also failed: {error}")

@@ -89,6 +89,8 @@ class ServerProcess:
     #: Where the health check answers without credentials: the extra plaintext
     #: listener when there is one, else the main port.
     health_target: Optional[str] = None
+    #: The binary it runs (for restart()).
+    binary: Optional[pathlib.Path] = None
 
     @classmethod
     def start(
@@ -125,7 +127,7 @@ class ServerProcess:
             process = subprocess.Popen(
                 [str(binary)], env=server_env, stdout=log, stderr=subprocess.STDOUT
             )
-        server = cls(process, target, log_path, server_env, health_target)
+        server = cls(process, target, log_path, server_env, health_target, binary)
         try:
             wait_until_serving(health_target, ready_timeout, process)
         except Exception as error:
@@ -138,6 +140,42 @@ class ServerProcess:
             return self.log_path.read_text(errors="replace")[-4000:]
         except OSError:
             return ""
+
+    def restart(self, ready_timeout: float = 60.0) -> "ServerProcess":
+        """Stop the server (SIGTERM) if it runs, and start the same binary with
+        the same settings, on the same port, as a rolling restart does; back
+        once it is SERVING. A port still held by the old process is tried
+        again until ready_timeout."""
+        self.stop()
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            with open(self.log_path, "ab") as log:
+                log.write(b"--- restart ---\n")
+                log.flush()
+                self.process = subprocess.Popen(
+                    [str(self.binary or server_binary())],
+                    env=dict(self.env),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                wait_until_serving(
+                    self.health_target or self.target, max(deadline - time.monotonic(), 0.1), self.process
+                )
+                return self
+            except RuntimeError:  # exited: the port may still be held for a moment
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"restart failed\n--- server log ---\n{self.log()}") from None
+                time.sleep(0.1)
+            except Exception:
+                self.stop()
+                raise RuntimeError(f"restart failed\n--- server log ---\n{self.log()}") from None
+
+    def kill(self) -> Optional[int]:
+        """SIGKILL: the server dies without draining its calls."""
+        if self.process.poll() is None:
+            self.process.kill()
+        return self.process.wait()
 
     def stop(self, timeout: float = 10.0) -> Optional[int]:
         """SIGTERM (graceful), then SIGKILL if it has not exited within timeout."""

@@ -62,6 +62,14 @@ class ClaimResult:
     expires_at: Optional[datetime]
     #: IN_PROGRESS: the time left on the other claimant's lease.
     retry_after: Optional[timedelta]
+    #: CLAIMED: the last checkpoint an earlier holder of the key saved (with
+    #: extend_lease() or release()), to resume from; None when there is none.
+    checkpoint: Optional[bytes] = None
+    #: The fencing token of the lease that saved `checkpoint`; None with it.
+    checkpoint_fencing_token: Optional[int] = None
+    #: CLAIMED: True when this answer repeats the lease an earlier Claim with
+    #: the same lease token won (a retried Claim whose first answer was lost).
+    retried: bool = False
 
     @property
     def claimed(self) -> bool:
@@ -88,6 +96,8 @@ class ClaimItem:
     fingerprint: bytes = b""
     lease_ttl: Optional[DurationLike] = None
     retention: Optional[DurationLike] = None
+    #: The item's own lease token; None: a new random one (what you want).
+    lease_token: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +153,10 @@ class Record:
     expires_at: Optional[datetime]
     created_at: Optional[datetime]
     updated_at: Optional[datetime]
+    #: IN_PROGRESS and RELEASED: the last checkpoint saved; None when none.
+    checkpoint: Optional[bytes] = None
+    #: The fencing token of the lease that saved `checkpoint`; None with it.
+    checkpoint_fencing_token: Optional[int] = None
 
 
 def to_duration(value: Optional[DurationLike], field: str) -> Optional[duration_pb2.Duration]:
@@ -186,7 +200,18 @@ def claim_result(message: pb.ClaimResponse) -> ClaimResult:
         retry_after=(
             message.retry_after.ToTimedelta() if message.HasField("retry_after") else None
         ),
+        checkpoint=_checkpoint(message) if claimed else None,
+        checkpoint_fencing_token=(message.checkpoint_fencing_token or None) if claimed else None,
+        retried=bool(message.retried) if claimed else False,
     )
+
+
+def _checkpoint(message) -> Optional[bytes]:
+    """The checkpoint of a ClaimResponse or GetResponse: None when there is
+    none (checkpoint_fencing_token 0), else the bytes (possibly b"")."""
+    if not message.checkpoint_fencing_token:
+        return None
+    return bytes(message.checkpoint)
 
 
 def complete_result(message: pb.CompleteResponse) -> CompleteResult:
@@ -228,4 +253,6 @@ def record(message: pb.GetResponse) -> Record:
         expires_at=_time(message, "expires_at"),
         created_at=_time(message, "created_at"),
         updated_at=_time(message, "updated_at"),
+        checkpoint=_checkpoint(message),
+        checkpoint_fencing_token=message.checkpoint_fencing_token or None,
     )
