@@ -29,6 +29,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -52,19 +53,40 @@ func main() {
 	namespace := flag.String("namespace", "examples/rabbitmq-go", "the namespace of the orders' keys")
 	ledgerDir := flag.String("ledger", "ledger", "the folder the effect writes to")
 	lease := flag.Duration("lease", 10*time.Second, "the lease per order (the heartbeat extends it every third)")
-	hold := flag.String("hold", "", "for tests: after applying this order's effect, hang until killed")
+	hold := flag.String("hold", "", "for tests: ORDER@POINT, hang at that point of that order's handling until killed;\n"+
+		"POINT is claimed (the lease is held, no effect yet), applied (the effect is written, no Complete yet)\n"+
+		"or completed (the receipt is stored, no ack yet)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix(fmt.Sprintf("consumer[%d] ", os.Getpid()))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *amqpURL, *queue, *target, *namespace, *ledgerDir, *lease, *hold); err != nil {
+	var h holdPoint
+	if *hold != "" {
+		var ok bool
+		if h.order, h.point, ok = strings.Cut(*hold, "@"); !ok || (h.point != "claimed" && h.point != "applied" && h.point != "completed") {
+			log.Fatalf("-hold %q: want ORDER@claimed, ORDER@applied or ORDER@completed", *hold)
+		}
+	}
+	if err := run(ctx, *amqpURL, *queue, *target, *namespace, *ledgerDir, *lease, h); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, amqpURL, queue, target, namespace, ledgerDir string, lease time.Duration, hold string) error {
+// holdPoint is where a test wants the consumer to hang (and be killed).
+type holdPoint struct{ order, point string }
+
+// at hangs forever if this is the point to hold: a consumer that stalls
+// there until the test kills it with SIGKILL.
+func (h holdPoint) at(order, point string) {
+	if h.order == order && h.point == point {
+		log.Printf("holding order=%s at=%s", order, point)
+		select {}
+	}
+}
+
+func run(ctx context.Context, amqpURL, queue, target, namespace, ledgerDir string, lease time.Duration, hold holdPoint) error {
 	ledger, err := OpenLedger(ledgerDir)
 	if err != nil {
 		return err
@@ -113,7 +135,7 @@ func run(ctx context.Context, amqpURL, queue, target, namespace, ledgerDir strin
 }
 
 // handle runs one delivery's effect once and acks, or gives it back.
-func handle(ctx context.Context, client *idempotency.Client, ledger *Ledger, namespace string, lease time.Duration, hold string, d amqp.Delivery) {
+func handle(ctx context.Context, client *idempotency.Client, ledger *Ledger, namespace string, lease time.Duration, hold holdPoint, d amqp.Delivery) {
 	var order Order
 	if err := json.Unmarshal(d.Body, &order); err != nil || !orderID.MatchString(order.ID) {
 		log.Printf("reject malformed message %q", d.Body)
@@ -128,15 +150,13 @@ func handle(ctx context.Context, client *idempotency.Client, ledger *Ledger, nam
 	entry, result, err := idempotency.OnceJSON(ctx, client, namespace, key,
 		func(work context.Context, l idempotency.Lease) (Entry, error) {
 			log.Printf("start order=%s token=%d redelivered=%t", order.ID, l.FencingToken, d.Redelivered)
+			hold.at(order.ID, "claimed")
 			entry, err := ledger.Apply(order, l.FencingToken)
 			if err != nil {
 				return Entry{}, err
 			}
 			log.Printf("applied order=%s token=%d", order.ID, l.FencingToken)
-			if order.ID == hold {
-				log.Printf("holding order=%s", order.ID)
-				select {} // a consumer that hangs mid-work, until the test kills it
-			}
+			hold.at(order.ID, "applied")
 			return entry, work.Err()
 		},
 		idempotency.WithFingerprint(fp),
@@ -148,6 +168,7 @@ func handle(ctx context.Context, client *idempotency.Client, ledger *Ledger, nam
 	var mismatch *idempotency.FingerprintMismatch
 	switch {
 	case err == nil:
+		hold.at(order.ID, "completed")
 		if ackErr := d.Ack(false); ackErr != nil {
 			log.Printf("ack order=%s: %v", order.ID, ackErr)
 			return

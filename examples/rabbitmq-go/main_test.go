@@ -3,9 +3,10 @@ package main
 // Against the real RabbitMQ ($RABBITMQ_URL, default guest on 127.0.0.1:5672)
 // and a real idempotency-service (started here on a free port): publish
 // orders, some twice and one with an altered body, consume them with the
-// consumer above in a child process, SIGKILL it twice while it is in the
-// middle of an order's work, restart it, and check that every order's effect
-// is in the ledger once, written by the newest lease.
+// consumer above in a child process, SIGKILL it three times, each while it
+// hangs at another point of an order's handling (after Claim, after the
+// effect, after Complete but before the ack), restart it, and check that
+// every order's effect is in the ledger once, written by the newest lease.
 
 import (
 	"bufio"
@@ -163,42 +164,53 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 		bodies = append(bodies, fmt.Sprintf(`{"order_id":%q,"amount_cents":%d}`, id, orders[id]))
 	}
 	bodies = append(bodies, `{"order_id":"o-03","amount_cents":1}`)
+	// Publisher confirms through NotifyPublish: amqp091-go 1.5's deferred
+	// confirmations can miss an ack that arrives before they are registered.
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, len(bodies)))
 	for _, body := range bodies {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		confirm, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false,
+		err := ch.PublishWithContext(ctx, "", queue, false, false,
 			amqp.Publishing{ContentType: "application/json", Body: []byte(body)})
+		cancel()
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Wait ends when the broker confirms or ctx ends (amqp091-go 1.5
-		// ties the confirmation to the publish's context: cancel after).
-		acked := confirm.Wait()
-		cancel()
-		if !acked {
-			t.Fatalf("the broker did not confirm %s", body)
+	}
+	for range bodies {
+		select {
+		case confirm := <-confirms:
+			if !confirm.Ack {
+				t.Fatalf("the broker refused publish %d", confirm.DeliveryTag)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the broker did not confirm every publish within 10 s")
 		}
 	}
 
 	args := []string{"-amqp", amqpURL(), "-queue", queue, "-target", server.Target,
 		"-namespace", namespace, "-ledger", ledgerDir, "-lease", "2s"}
 
-	// Run 1 hangs in o-04's work, after its effect: killed there.
-	run1 := startConsumer(t, dir, 1, append(args, "-hold", "o-04")...)
-	waitFor(t, "holding order=o-04", 30*time.Second, run1, contains(run1, `holding order=o-04$`))
-	run1.signal(syscall.SIGKILL)
-
-	// Run 2 takes o-04 over once the dead consumer's lease runs out, then hangs in o-09.
-	run2 := startConsumer(t, dir, 2, append(args, "-hold", "o-09")...)
-	waitFor(t, "holding order=o-09", 30*time.Second, run2, contains(run2, `holding order=o-09$`))
-	run2.signal(syscall.SIGKILL)
-
-	// Run 3 finishes the queue.
-	runs := []*consumer{run1, run2}
-	run3 := startConsumer(t, dir, 3, args...)
-	runs = append(runs, run3)
+	// Each run but the last hangs at one point of one order's handling and
+	// is killed there with SIGKILL; the next run starts on the redelivery.
+	holds := []struct{ order, point string }{
+		{"o-04", "applied"},   // effect written, no Complete: the next lease redoes it (token 2)
+		{"o-07", "claimed"},   // lease held, no effect: the next lease does it (token 2)
+		{"o-10", "completed"}, // receipt stored, no ack: the redelivery is a replay
+	}
+	var runs []*consumer
+	for i, hold := range holds {
+		run := startConsumer(t, dir, i+1, append(args, "-hold", hold.order+"@"+hold.point)...)
+		runs = append(runs, run)
+		what := fmt.Sprintf("holding order=%s at=%s", hold.order, hold.point)
+		waitFor(t, what, 30*time.Second, run, contains(run, what+"$"))
+		run.signal(syscall.SIGKILL)
+	}
+	// The last run finishes the queue.
+	last := startConsumer(t, dir, len(holds)+1, args...)
+	runs = append(runs, last)
 	defer func() {
 		for i, run := range runs {
 			t.Logf("consumer run %d:\n%s", i+1, strings.Join(run.lines(), "\n"))
@@ -206,7 +218,7 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 	}()
 	done := regexp.MustCompile(`done order=(o-\d+) replayed=(true|false) token=(\d+)$`)
 	var doneLines []string
-	waitFor(t, "16 acked deliveries", 60*time.Second, run3, func() bool {
+	waitFor(t, "16 acked deliveries", 60*time.Second, last, func() bool {
 		doneLines = nil
 		for _, run := range runs {
 			for _, line := range run.lines() {
@@ -215,11 +227,11 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 				}
 			}
 		}
-		return len(doneLines) >= 16 && contains(run3, `mismatch order=o-03`)()
+		return len(doneLines) >= 16 && contains(last, `mismatch order=o-03`)()
 	})
-	run3.signal(syscall.SIGTERM)
-	if code := run3.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Errorf("run 3 exited with %d after SIGTERM", code)
+	last.signal(syscall.SIGTERM)
+	if code := last.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("the last run exited with %d after SIGTERM", code)
 	}
 	if len(doneLines) != 16 {
 		t.Errorf("%d acked deliveries, want 16:\n%s", len(doneLines), strings.Join(doneLines, "\n"))
@@ -235,7 +247,8 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 	}
 
 	// Each order once in the ledger, with its own amount (o-03's altered copy
-	// changed nothing); the two killed orders written last by the lease that took them over.
+	// changed nothing); the orders killed before their Complete written by
+	// the lease that took them over.
 	ledger, err := OpenLedger(ledgerDir)
 	if err != nil {
 		t.Fatal(err)
@@ -249,7 +262,7 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 	}
 	for id, amount := range orders {
 		want := Entry{OrderID: id, AmountCents: amount, FencingToken: 1}
-		if id == "o-04" || id == "o-09" {
+		if id == "o-04" || id == "o-07" {
 			want.FencingToken = 2
 		}
 		if entries[id] != want {
@@ -258,7 +271,8 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 	}
 
 	// The effect ran once per order, except where a consumer was killed
-	// mid-work: there the next lease holder (token 2) redid the fenced write.
+	// between the effect and Complete: there the next lease holder (token 2)
+	// redid the fenced write. Killed before the effect, only token 2 wrote it.
 	applied := map[string][]string{}
 	logFile, err := os.Open(filepath.Join(ledgerDir, "applied.log"))
 	if err != nil {
@@ -271,16 +285,17 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 		applied[fields[0]] = append(applied[fields[0]], fields[1])
 	}
 	for id := range orders {
-		want := "1"
-		if id == "o-04" || id == "o-09" {
-			want = "1 2"
+		want := map[string]string{"o-04": "1 2", "o-07": "2"}[id]
+		if want == "" {
+			want = "1"
 		}
 		if got := strings.Join(applied[id], " "); got != want {
 			t.Errorf("the effect of %s ran under tokens [%s], want [%s]", id, got, want)
 		}
 	}
 
-	// The duplicates were replays: 12 first runs, 4 replays.
+	// The duplicates were replays, and so was o-10's redelivery (its
+	// consumer died after Complete, before the ack): 11 first runs acked, 5 replays.
 	replayed := map[string]int{}
 	for _, line := range doneLines {
 		m := done.FindStringSubmatch(line)
@@ -293,8 +308,8 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 		replayedIDs = append(replayedIDs, fmt.Sprintf("%s×%d", id, n))
 	}
 	sort.Strings(replayedIDs)
-	if got := strings.Join(replayedIDs, " "); got != "o-02×1 o-05×1 o-08×1 o-11×1" {
-		t.Errorf("replays: %s, want the four duplicates once each", got)
+	if got := strings.Join(replayedIDs, " "); got != "o-02×1 o-05×1 o-08×1 o-10×1 o-11×1" {
+		t.Errorf("replays: %s, want the four duplicates and o-10's redelivery once each", got)
 	}
 
 	// The service holds every order's receipt.
