@@ -8,6 +8,8 @@
 #
 # PROGRAM_DIR is relative to the repository (default:
 # clients/cross-language/go_side, which the cross-language test runs).
+# GO_EXTRA_DEBS names more Debian packages the programs need, e.g.
+# golang-github-rabbitmq-amqp091-go-dev for examples/rabbitmq-go.
 set -euo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: $0 OUTDIR [PROGRAM_DIR...]" >&2
@@ -20,7 +22,8 @@ shift
 programs=("$@")
 [ ${#programs[@]} -gt 0 ] || programs=(clients/cross-language/go_side)
 
-go_install_debs
+# shellcheck disable=SC2086 # a list of package names
+go_install_debs ${GO_EXTRA_DEBS:-}
 go_venv
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
