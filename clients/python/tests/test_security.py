@@ -7,6 +7,7 @@ import hashlib
 import pathlib
 import secrets
 import subprocess
+import time
 import uuid
 
 import grpc
@@ -26,6 +27,7 @@ from idempotency_client import (
     Unavailable,
 )
 from idempotency_client.testing import ServerProcess
+from interceptors import Counting
 from poll import until, until_async
 
 MAKE_CERTS = pathlib.Path(__file__).resolve().parents[2] / "testdata" / "make-test-certs.sh"
@@ -174,11 +176,25 @@ def test_purge_is_not_granted_unless_the_policy_lists_it(plain_server):
 
 def test_over_the_rate_limit_is_resource_exhausted(plain_server):
     ns = unique("limited")
-    with IdempotencyClient(plain_server.target, token=LIMITED_TOKEN) as client:
+    with IdempotencyClient(plain_server.target, token=LIMITED_TOKEN, retry=None) as client:
         with pytest.raises(ResourceExhausted) as raised:
             for attempt in range(20):  # 1 per second, burst 1: the second or so is refused
                 client.get(ns, f"k{attempt}")
     assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert raised.value.attempts == 1
+
+
+def test_over_the_rate_limit_the_client_retries_until_the_bucket_refills(plain_server):
+    ns = unique("limited")
+    counting = Counting()
+    with IdempotencyClient(plain_server.target, token=LIMITED_TOKEN, interceptors=[counting]) as client:
+        started = time.monotonic()
+        for attempt in range(3):  # 1 per second, burst 1: each waits for the bucket
+            assert client.get(ns, f"k{attempt}").state is State.ABSENT
+        elapsed = time.monotonic() - started
+    assert counting.count("Get", grpc.StatusCode.OK) == 3
+    assert counting.count("Get", grpc.StatusCode.RESOURCE_EXHAUSTED) >= 1
+    assert elapsed < 8
 
 
 async def test_the_async_client_sends_the_token(plain_server):
@@ -252,6 +268,36 @@ def test_tls_to_a_dns_name_of_the_certificate_works(tls_server, certs):
         assert client.claim(unique("billing"), "k").outcome is Outcome.CLAIMED
 
 
+def test_tls_and_a_token_over_several_addresses_and_a_dns_target(tls_server, certs):
+    from idempotency_client.testing import free_port
+
+    port = tls_server.target.rsplit(":", 1)[1]
+    dead = f"127.0.0.1:{free_port()}"
+    for target in ([dead, tls_server.target, f"localhost:{port}"], f"dns:///localhost:{port}"):
+        ns = unique("orders")
+        with IdempotencyClient(target, token=ORDERS_TOKEN, root_certificates=certs["ca.pem"]) as client:
+            for index in range(4):
+                claim = client.claim(ns, f"k{index}")
+                assert claim.outcome is Outcome.CLAIMED
+                client.complete(ns, f"k{index}", claim.lease_token, b"tls")
+            with pytest.raises(PermissionDenied):
+                client.claim(unique("billing"), "k")
+
+
+async def test_the_async_client_over_tls_with_several_addresses(tls_server, certs):
+    port = tls_server.target.rsplit(":", 1)[1]
+    ns = unique("billing")
+    async with AsyncIdempotencyClient(
+        [tls_server.target, f"localhost:{port}"],
+        root_certificates=certs["ca.pem"],
+        client_certificate=certs["client.pem"],
+        client_key=certs["client.key"],
+    ) as client:
+        for index in range(4):
+            claim = await client.claim(ns, f"k{index}")
+            await client.complete(ns, f"k{index}", claim.lease_token, b"mtls")
+
+
 def test_with_a_good_certificate_a_wrong_token_still_decides(tls_server, certs):
     with IdempotencyClient(
         tls_server.target,
@@ -279,13 +325,14 @@ async def test_the_async_client_over_mutual_tls(tls_server, certs):
 
 def test_tls_without_the_ca_as_root_fails(tls_server):
     # tls=True: the system's roots, which do not include the test CA.
-    with IdempotencyClient(tls_server.target, token=ORDERS_TOKEN, tls=True, timeout=5) as client:
+    # retry=None: a failed handshake is retried like any UNAVAILABLE; one attempt says it.
+    with IdempotencyClient(tls_server.target, token=ORDERS_TOKEN, tls=True, timeout=5, retry=None) as client:
         with pytest.raises(Unavailable, match="(?i)certificate"):
             client.claim(unique("orders"), "k")
 
 
 def test_a_plaintext_client_cannot_reach_the_tls_port(tls_server):
-    with IdempotencyClient(tls_server.target, token=ORDERS_TOKEN, timeout=5) as client:
+    with IdempotencyClient(tls_server.target, token=ORDERS_TOKEN, timeout=5, retry=None) as client:
         with pytest.raises(Unavailable):
             client.claim(unique("orders"), "k")
 
@@ -298,6 +345,7 @@ def test_a_client_certificate_from_another_ca_is_refused(tls_server, certs):
         client_certificate=certs["rogue-client.pem"],
         client_key=certs["rogue-client.key"],
         timeout=5,
+        retry=None,
     ) as client:
         with pytest.raises(IdempotencyError) as raised:
             client.claim(unique("orders"), "k")

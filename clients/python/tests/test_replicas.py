@@ -1,0 +1,154 @@
+"""Several replicas: two servers on one PostgreSQL database, the client given
+both addresses. A replica stopped between two calls of one once(), one that
+stays down, and a rolling restart (SIGTERM, start again on the same port, one
+replica after the other) under a running once() loop: the caller's code sees
+no error, and every piece of work runs once."""
+
+import logging
+import threading
+import time
+from collections import Counter
+
+import grpc
+import pytest
+
+from idempotency_client import AsyncIdempotencyClient, IdempotencyClient, State
+from idempotency_client.testing import ServerProcess, create_postgres_database, drop_postgres_database
+from interceptors import BeforeFirst, Counting
+from poll import until
+
+
+@pytest.fixture(scope="module")
+def replica_pair(tmp_path_factory):
+    url = create_postgres_database()
+    servers = []
+    try:
+        for name in ("replica-a", "replica-b"):
+            servers.append(ServerProcess.start(data_dir=tmp_path_factory.mktemp(name), database_url=url))
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+        drop_postgres_database(url)
+
+
+@pytest.fixture
+def replicas(replica_pair):
+    """Both replicas up at the start of each test, whatever the last one did."""
+    for server in replica_pair:
+        if server.process.poll() is not None:
+            server.restart()
+    return replica_pair
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_replica_stopped_between_two_calls_of_one_once(replicas, namespace, victim):
+    counting = Counting()
+    calls = []
+
+    def work():
+        # The Claim has been answered; the Complete is next.
+        replicas[victim].stop()
+        calls.append(1)
+        return {"charged": True}
+
+    with IdempotencyClient([server.target for server in replicas], interceptors=[counting]) as client:
+        with client.once(namespace, "order-1") as run:
+            assert run(work) == {"charged": True}
+        assert calls == [1]
+        record = client.get(namespace, "order-1")
+        assert record.state is State.COMPLETED
+        assert client.once(namespace, "order-1").run(work) == {"charged": True}  # replayed
+    assert calls == [1]
+    assert counting.count("Claim") >= 1 and counting.count("Complete") >= 1
+
+
+def test_a_complete_sent_to_a_replica_that_just_stopped_is_retried_on_the_other(replicas, namespace, caplog):
+    # A new client starts its calls on each address in turn: the Claim on the
+    # first replica, the Complete on the second, which stops as it is sent.
+    stopper = BeforeFirst("Complete", replicas[1].stop)
+    with IdempotencyClient([server.target for server in replicas], interceptors=[stopper]) as client:
+        with caplog.at_level(logging.DEBUG, logger="idempotency_client"):
+            assert client.once(namespace, "k").run(lambda: "ok") == "ok"
+        assert client.get(namespace, "k").state is State.COMPLETED
+    retried = f"idempotency: Complete attempt 1 on {replicas[1].target} failed (UNAVAILABLE"
+    assert any(record.getMessage().startswith(retried) for record in caplog.records)
+    assert stopper.attempts[:3] == [
+        ("Claim", grpc.StatusCode.OK),
+        ("Complete", grpc.StatusCode.UNAVAILABLE),
+        ("Complete", grpc.StatusCode.OK),
+    ]
+
+
+def test_calls_keep_working_while_one_replica_is_down(replicas, namespace):
+    replicas[1].stop()
+    counting = Counting()
+    with IdempotencyClient([server.target for server in replicas], interceptors=[counting]) as client:
+        started = time.monotonic()
+        for index in range(20):
+            assert client.once(namespace, f"k{index}").run(lambda: index) == index
+        elapsed = time.monotonic() - started
+    assert counting.count(code=grpc.StatusCode.OK) == 40  # a Claim and a Complete each
+    # Once its channel is known to fail, the stopped replica is passed over.
+    assert counting.count(code=grpc.StatusCode.UNAVAILABLE) <= 10
+    assert elapsed < 10
+
+
+async def test_the_async_client_rides_over_a_stopped_replica(replicas, namespace):
+    calls = []
+
+    async def work():
+        replicas[0].stop()
+        calls.append(1)
+        return "ok"
+
+    async with AsyncIdempotencyClient([server.target for server in replicas]) as client:
+        async with client.once(namespace, "k") as run:
+            assert await run(work) == "ok"
+        assert (await client.get(namespace, "k")).state is State.COMPLETED
+        for index in range(5):
+            claim = await client.claim(namespace, f"more-{index}")
+            await client.complete(namespace, f"more-{index}", claim.lease_token, b"")
+    assert calls == [1]
+
+
+def test_a_rolling_restart_under_a_running_once_loop_raises_nothing(replicas, namespace):
+    runs = Counter()
+    completed = []
+    errors = []
+    stop = threading.Event()
+
+    def work(key):
+        runs[key] += 1
+        return key
+
+    def loop(client):
+        index = 0
+        while not stop.is_set():
+            key = f"evt-{index}"
+            try:
+                assert client.once(namespace, key, lease_ttl=10).run(work, key) == key
+                completed.append(key)
+            except BaseException as error:  # anything at all reaching the caller's code
+                errors.append(error)
+            index += 1
+
+    with IdempotencyClient([server.target for server in replicas]) as client:
+        worker = threading.Thread(target=loop, args=(client,), name="once-loop")
+        worker.start()
+        try:
+            until(lambda: len(completed) >= 10, timeout=20, what="the loop to run")
+            for server in replicas:
+                before = len(completed)
+                server.restart()  # SIGTERM, wait for it to exit, start again on the same port
+                assert len(completed) > before  # the loop went on while the replica was down
+                after = len(completed)
+                until(lambda: len(completed) >= after + 10, timeout=20, what="progress after a restart")
+        finally:
+            stop.set()
+            worker.join(30)
+        assert not worker.is_alive()
+        assert errors == []
+        assert completed and all(count == 1 for count in runs.values())
+        for key in completed[:: max(1, len(completed) // 10)]:
+            assert client.get(namespace, key).state is State.COMPLETED
