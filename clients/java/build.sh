@@ -28,7 +28,7 @@ for deb in "${debs[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "java client: installing ${missing[*]} from Debian" >&2
-  apt-get update -qq
+  apt-get update -qq -o DPkg::Lock::Timeout=300
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 \
     --no-install-recommends "${missing[@]}" >/dev/null
 fi
