@@ -53,13 +53,12 @@ stamp="$venv/.installed-$(cat "$here/requirements.txt" "$client/pyproject.toml" 
   $(find "$client/src" -name '*.py' -not -path '*/_proto/*' | sort) "$repo/proto/idempotency/v1/idempotency.proto" \
   | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
-  pip=("$venv/bin/pip" install --quiet --disable-pip-version-check)
+  pip=("$venv/bin/pip" --quiet --disable-pip-version-check)
   # The client's build hook generates its stubs with grpcio-tools: install it
   # here and build without isolation (one download instead of two).
-  "${pip[@]}" "setuptools>=64" grpcio-tools==1.85.1
-  "${pip[@]}" -r "$here/requirements.txt"
-  "${pip[@]}" --no-build-isolation --force-reinstall --no-deps "$client"
-  "${pip[@]}" "$client"  # its runtime dependencies (grpcio, protobuf)
+  "${pip[@]}" install "setuptools>=64" grpcio-tools==1.85.1 -r "$here/requirements.txt"
+  "${pip[@]}" uninstall --yes idempotency-client >/dev/null 2>&1 || true  # same version, new code
+  "${pip[@]}" install --no-build-isolation "$client"
   rm -f "$venv"/.installed-*
   touch "$stamp"
 fi
