@@ -415,3 +415,24 @@ def test_stalled_holder_is_fenced_off(tmp_path, server, orders_db, queue_name, p
     assert [dict(r) for r in rows] == [{"amount_cents": 4200, "fencing": 2, "ledger_amount": 4200, "ledger_fencing": 2}]
     effect_runs = asyncio.run(fetch(orders_db, "SELECT fencing FROM effect_runs ORDER BY run_id"))
     assert [r["fencing"] for r in effect_runs] == runs
+
+
+def test_readme_by_hand(tmp_path, server, orders_db, queue_name):
+    """The README's by-hand steps: publish.py twice with the same order; the
+    consumer applies it once and acks the second copy on a replay."""
+    journal = tmp_path / "journal.jsonl"
+    run = ConsumerRun(tmp_path, "by-hand", server, orders_db, queue_name, journal)
+    env = dict(os.environ, AMQP_URL=AMQP_URL, QUEUE=queue_name)
+    try:
+        for _ in range(2):
+            subprocess.run([sys.executable, str(HERE / "publish.py"), "ord-1", "c1", "1250"],
+                           env=env, check=True, capture_output=True, timeout=30)
+        wait_for(lambda: len(read_journal(journal)) == 2, 30, "both copies to be acked")
+    finally:
+        assert run.stop() == 0, run.log()
+    log = run.log()
+    assert "message ord-1: applied under fencing token 1, acked" in log
+    assert "message ord-1: replayed the stored receipt, acked" in log
+    rows = asyncio.run(fetch(orders_db, "SELECT o.amount_cents, l.amount_cents AS ledger_amount, o.fencing "
+                             "FROM orders o JOIN ledger l USING (order_id)"))
+    assert [dict(r) for r in rows] == [{"amount_cents": 1250, "ledger_amount": 1250, "fencing": 1}]
