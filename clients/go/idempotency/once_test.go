@@ -435,3 +435,45 @@ func TestFailedCallsAreTypedErrors(t *testing.T) {
 		t.Errorf("a server that is down: %v, want ErrUnavailable", err)
 	}
 }
+
+func TestConcurrentCallersRunTheWorkOnceAndTheOthersWaitForItsResult(t *testing.T) {
+	c, ns, ctx := client(t), namespace(t), ctx(t)
+	var runs int32
+	results := make(chan *idempotency.Result, 5)
+	errs := make(chan error, 5)
+	for i := 0; i < 5; i++ {
+		go func(i int) {
+			r, err := c.Once(ctx, ns, "k", func(context.Context, idempotency.Lease) ([]byte, error) {
+				atomic.AddInt32(&runs, 1)
+				time.Sleep(300 * time.Millisecond) // long enough for the others to find it in progress
+				return []byte(fmt.Sprintf("by caller %d", i)), nil
+			}, idempotency.WaitOnInProgress(20*time.Second))
+			if err != nil {
+				errs <- err
+				return
+			}
+			results <- r
+		}(i)
+	}
+	var values []string
+	fresh := 0
+	for i := 0; i < 5; i++ {
+		select {
+		case r := <-results:
+			values = append(values, string(r.Value))
+			if !r.Replayed {
+				fresh++
+			}
+		case err := <-errs:
+			t.Fatal(err)
+		}
+	}
+	if runs != 1 || fresh != 1 {
+		t.Fatalf("the work ran %d times (%d results not replayed), want once", runs, fresh)
+	}
+	for _, v := range values {
+		if v != values[0] {
+			t.Fatalf("results differ: %q", values)
+		}
+	}
+}
