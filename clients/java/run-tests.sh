@@ -35,26 +35,53 @@ trap cleanup EXIT
 bash "$here/build.sh" "$work/build"
 classpath=$(cat "$work/build/classpath")
 
-# Three distinct free loopback ports: plain, TLS, and the TLS server's health listener.
-read -r port tls_port health_port < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(3)]
+free_ports() { # N: N distinct free loopback ports, on one line
+  python3 -c '
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
 for s in socks:
     s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))')
+print(*(s.getsockname()[1] for s in socks))' "$1"
+}
 
-# start NAME PORT [VAR=VALUE...]: the server on the embedded store in $work/NAME.
+# start NAME PORT [VAR=VALUE...]: the server on the embedded store in
+# $work/NAME, until its log says it is listening. Returns 2 when a port was
+# taken between free_ports and the server's bind (other test runs share this
+# machine), so the caller picks others; exits on any other failure.
 start() {
   local name=$1 port=$2
   shift 2
   mkdir -p "$work/$name"
   env -u DATABASE_URL IDEMPOTENCY_LISTEN_ADDR="127.0.0.1:$port" IDEMPOTENCY_DATA_DIR="$work/$name" \
     IDEMPOTENCY_METRICS_ADDR= "$@" "$bin" >"$work/$name.log" 2>&1 &
-  pids+=($!)
+  local pid=$!
+  pids+=("$pid")
+  local deadline=$((SECONDS + 60))
+  while ((SECONDS < deadline)); do
+    if grep -q "listening" "$work/$name.log"; then
+      return 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      if grep -q "is in use" "$work/$name.log"; then
+        return 2
+      fi
+      break
+    fi
+    sleep 0.05
+  done
+  echo "java client: the $name server did not start:" >&2
+  tail -n 30 "$work/$name.log" >&2
+  exit 1
 }
 
 # The plain server: everything but the security checks.
-start plain "$port"
+for attempt in 1 2 3 4 5; do
+  port=$(free_ports 1)
+  status=0
+  start plain "$port" || status=$?
+  [ "$status" -eq 2 ] || break
+done
+[ "$status" -eq 0 ] || { echo "java client: no free port for the plain server" >&2; exit 1; }
 
 # The TLS server with an access policy (a token for orders/*, the test client
 # certificate's CN for billing/*) and a plaintext health listener.
@@ -72,10 +99,16 @@ name = "orders-by-certificate"
 client_cert_cn = "orders-client"
 namespaces = ["billing/*"]
 POLICY
-start tls "$tls_port" IDEMPOTENCY_POLICY_FILE="$work/policy.toml" \
-  IDEMPOTENCY_TLS_CERT_FILE="$work/certs/server.pem" IDEMPOTENCY_TLS_KEY_FILE="$work/certs/server.key" \
-  IDEMPOTENCY_TLS_CLIENT_CA_FILE="$work/certs/ca.pem" IDEMPOTENCY_TLS_CLIENT_AUTH=optional \
-  IDEMPOTENCY_HEALTH_LISTEN_ADDR="127.0.0.1:$health_port"
+for attempt in 1 2 3 4 5; do
+  read -r tls_port health_port < <(free_ports 2)
+  status=0
+  start tls "$tls_port" IDEMPOTENCY_POLICY_FILE="$work/policy.toml" \
+    IDEMPOTENCY_TLS_CERT_FILE="$work/certs/server.pem" IDEMPOTENCY_TLS_KEY_FILE="$work/certs/server.key" \
+    IDEMPOTENCY_TLS_CLIENT_CA_FILE="$work/certs/ca.pem" IDEMPOTENCY_TLS_CLIENT_AUTH=optional \
+    IDEMPOTENCY_HEALTH_LISTEN_ADDR="127.0.0.1:$health_port" || status=$?
+  [ "$status" -eq 2 ] || break
+done
+[ "$status" -eq 0 ] || { echo "java client: no free ports for the TLS server" >&2; exit 1; }
 
 # The test waits for each server's health check to say SERVING (with a deadline).
 if ! java -cp "$classpath" idempotency.client.ClientTest "127.0.0.1:$port" "$repo/clients/testdata/key_vectors.json" \
