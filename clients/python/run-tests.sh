@@ -16,6 +16,18 @@ if [ ! -x "$bin" ]; then
 fi
 export IDEMPOTENCY_BIN="$bin"
 
+# The PostgreSQL tests (and test_replicas.py's two replicas) create their
+# databases with psql.
+postgres=${IDEMPOTENCY_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}
+if ! command -v psql >/dev/null && command -v apt-get >/dev/null; then
+  echo "python client tests: installing postgresql-client (psql) from Debian" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client >/dev/null
+fi
+if ! psql "$postgres/postgres" -qAtc 'select 1' >/dev/null 2>&1; then
+  echo "python client tests: PostgreSQL not reachable at $postgres (start it, or set IDEMPOTENCY_TEST_POSTGRES)" >&2
+  exit 1
+fi
+
 bash "$repo/clients/python/setup-venv.sh"
 cd "$repo/clients/python"
 exec .venv/bin/python -m pytest "$@"
