@@ -4,6 +4,7 @@ stays down, and a rolling restart (SIGTERM, start again on the same port, one
 replica after the other) under a running once() loop: the caller's code sees
 no error, and every piece of work runs once."""
 
+import asyncio
 import logging
 import threading
 import time
@@ -152,3 +153,47 @@ def test_a_rolling_restart_under_a_running_once_loop_raises_nothing(replicas, na
         assert completed and all(count == 1 for count in runs.values())
         for key in completed[:: max(1, len(completed) // 10)]:
             assert client.get(namespace, key).state is State.COMPLETED
+
+
+async def test_a_rolling_restart_under_a_running_async_once_loop_raises_nothing(replicas, namespace):
+    runs = Counter()
+    completed = []
+    errors = []
+    stop = asyncio.Event()
+
+    async def work(key):
+        runs[key] += 1
+        await asyncio.sleep(0)
+        return key
+
+    async def loop(client):
+        index = 0
+        while not stop.is_set():
+            key = f"evt-{index}"
+            try:
+                assert await client.once(namespace, key, lease_ttl=10).run(work, key) == key
+                completed.append(key)
+            except BaseException as error:  # anything at all reaching the caller's code
+                errors.append(error)
+            index += 1
+
+    async def until_completed(count):
+        deadline = time.monotonic() + 20
+        while len(completed) < count:
+            assert time.monotonic() < deadline, f"only {len(completed)} completed"
+            await asyncio.sleep(0.02)
+
+    async with AsyncIdempotencyClient([server.target for server in replicas]) as client:
+        task = asyncio.ensure_future(loop(client))
+        try:
+            await until_completed(10)
+            for server in replicas:
+                before = len(completed)
+                await asyncio.to_thread(server.restart)  # the loop runs on meanwhile
+                assert len(completed) > before
+                await until_completed(len(completed) + 10)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+        assert errors == []
+        assert all(count == 1 for count in runs.values())
