@@ -197,3 +197,43 @@ async def test_a_rolling_restart_under_a_running_async_once_loop_raises_nothing(
             await asyncio.wait_for(task, 30)
         assert errors == []
         assert all(count == 1 for count in runs.values())
+
+
+def test_a_restart_of_the_only_address_under_a_once_loop_raises_nothing(tmp_path, namespace):
+    """One address (a load balancer, or a single replica): the retries wait
+    out the restart within the calls' deadline."""
+    runs = Counter()
+    completed = []
+    errors = []
+    stop = threading.Event()
+
+    def work(key):
+        runs[key] += 1
+        return key
+
+    with ServerProcess.start(data_dir=tmp_path) as server:
+        with IdempotencyClient(server.target) as client:
+
+            def loop():
+                index = 0
+                while not stop.is_set():
+                    key = f"evt-{index}"
+                    try:
+                        assert client.once(namespace, key).run(work, key) == key
+                        completed.append(key)
+                    except BaseException as error:
+                        errors.append(error)
+                    index += 1
+
+            worker = threading.Thread(target=loop, name="once-loop")
+            worker.start()
+            try:
+                until(lambda: len(completed) >= 10, timeout=20, what="the loop to run")
+                server.restart()
+                after = len(completed)
+                until(lambda: len(completed) >= after + 10, timeout=20, what="progress after the restart")
+            finally:
+                stop.set()
+                worker.join(30)
+    assert errors == []
+    assert all(count == 1 for count in runs.values())
