@@ -1,6 +1,7 @@
 // IdempotencyClient: the RPCs over @grpc/grpc-js, with typed results and
 // typed errors, and once() built on them.
 import { join } from "node:path";
+import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import type { ProtoGrpcType } from "./generated/idempotency";
@@ -24,8 +25,67 @@ import {
   type PurgeResult,
 } from "./types";
 
-/** Each call's deadline unless the client or the call sets another. */
+/** Each call's deadline unless the client or the call sets another: the budget of all its attempts. */
 export const DEFAULT_TIMEOUT_MS = 10_000;
+
+/**
+ * How a call is retried after UNAVAILABLE, RESOURCE_EXHAUSTED or
+ * DEADLINE_EXCEEDED: up to maxAttempts attempts, all within the call's
+ * timeout; before attempt n+1 a pause drawn uniformly from
+ * [0, min(maxBackoffMs, initialBackoffMs * multiplier^(n-1))] (full jitter).
+ */
+export interface RetryOptions {
+  /** Attempts in all, the first included (default 10); 1 turns retries off. */
+  maxAttempts?: number;
+  /** The cap of the first pause, in milliseconds (default 50). */
+  initialBackoffMs?: number;
+  /** No pause is longer than this (default 2000). */
+  maxBackoffMs?: number;
+  /** Each pause's cap is the previous one's times this (default 2). */
+  multiplier?: number;
+  /**
+   * Each attempt's own deadline, in milliseconds; default: none, an attempt
+   * may use all the time left of the call's timeout. Shorter, an attempt that
+   * hangs (DEADLINE_EXCEEDED) leaves time for another, on another replica.
+   */
+  perAttemptTimeoutMs?: number;
+}
+
+export type RetryPolicy = Required<Omit<RetryOptions, "perAttemptTimeoutMs">> & { perAttemptTimeoutMs: number | undefined };
+
+export const DEFAULT_RETRY: Readonly<RetryPolicy> = Object.freeze({
+  maxAttempts: 10,
+  initialBackoffMs: 50,
+  maxBackoffMs: 2000,
+  multiplier: 2,
+  perAttemptTimeoutMs: undefined,
+});
+
+/**
+ * The codes a call is retried on. Every RPC is safe to repeat: Claim because
+ * the client sends the same lease token on every attempt of one claim(), the
+ * others as they are. Any other code (INVALID_ARGUMENT, FAILED_PRECONDITION,
+ * NOT_FOUND, PERMISSION_DENIED, UNAUTHENTICATED, ...) is final.
+ */
+export const RETRYABLE_CODES: ReadonlySet<grpc.status> = new Set([
+  grpc.status.UNAVAILABLE,
+  grpc.status.RESOURCE_EXHAUSTED,
+  grpc.status.DEADLINE_EXCEEDED,
+]);
+
+/**
+ * The pause before the attempt after `attempt` (1 = after the first):
+ * uniform in [0, min(maxBackoffMs, initialBackoffMs * multiplier^(attempt-1))].
+ */
+export function backoffMs(attempt: number, policy: RetryPolicy = DEFAULT_RETRY, random: () => number = Math.random): number {
+  const cap = Math.min(policy.maxBackoffMs, policy.initialBackoffMs * policy.multiplier ** Math.max(0, attempt - 1));
+  return random() * cap;
+}
+
+/** A new lease token for one logical Claim: 128 bits from the CSPRNG, as 32 lowercase hex characters. */
+export function newLeaseToken(): string {
+  return randomBytes(16).toString("hex");
+}
 
 export interface Logger {
   warn(message: string): void;
@@ -52,15 +112,28 @@ export interface ClientOptions {
   tls?: boolean | TlsOptions;
   /** Any other channel credentials (instead of `tls`); plaintext when neither is given. */
   credentials?: grpc.ChannelCredentials;
-  /** Each call's deadline, in milliseconds (default 10 s). */
+  /** Each call's deadline, in milliseconds (default 10 s): the budget of all its attempts. */
   timeoutMs?: number;
+  /** How calls are retried (see RetryOptions; on by default); `false`: every call is tried once. */
+  retry?: RetryOptions | false;
+  /**
+   * grpc-js channel options, over the client's defaults: round_robin balancing
+   * (`grpc.service_config`) and reconnect backoff of 100 ms to 1 s
+   * (`grpc.initial_reconnect_backoff_ms`, `grpc.max_reconnect_backoff_ms`), so
+   * that a replica that comes back is used again soon.
+   */
   channelOptions?: grpc.ChannelOptions;
+  /** grpc-js client interceptors, run on every attempt of every call (tracing, tests). */
+  interceptors?: grpc.Interceptor[];
   /** Where once() reports what it cannot throw (a failed heartbeat, a failed Release). Default: console. */
   logger?: Logger;
 }
 
 export interface CallOptions {
+  /** This call's deadline (all its attempts), in milliseconds; default: the client's timeoutMs. */
   timeoutMs?: number;
+  /** This call's retry policy, over the client's; `false`: try once. */
+  retry?: RetryOptions | false;
 }
 
 export interface ClaimOptions extends CallOptions {
@@ -70,6 +143,18 @@ export interface ClaimOptions extends CallOptions {
   leaseTtlMs?: number;
   /** How long a completed result is kept and replayed; the server's default when omitted. */
   retentionMs?: number;
+  /**
+   * The lease token this Claim asks for (32 lowercase hex characters, from a
+   * CSPRNG, new for every logical Claim). Default: a new one per claim() call,
+   * sent with each of its attempts, so that a retry after a lost answer gets the
+   * same lease back (`retried: true`).
+   */
+  leaseToken?: string;
+}
+
+export interface ReleaseOptions extends CallOptions {
+  /** A checkpoint to save with the release, for the next holder; omitted: the one saved before stays. */
+  checkpoint?: Uint8Array | string;
 }
 
 export interface CompleteOptions extends CallOptions {
@@ -78,6 +163,12 @@ export interface CompleteOptions extends CallOptions {
 
 export interface ExtendLeaseOptions extends CallOptions {
   leaseTtlMs?: number;
+  /**
+   * A checkpoint to save under the lease (how far the work got), replacing the
+   * one saved before; a Claim that takes the key over receives it. Omitted: the
+   * one saved before stays. At most the server's limit (64 KiB unless configured).
+   */
+  checkpoint?: Uint8Array | string;
 }
 
 export interface PurgeOptions extends CallOptions {
@@ -111,48 +202,156 @@ function serviceConstructor() {
   return service;
 }
 
+const DEFAULT_CHANNEL_OPTIONS: grpc.ChannelOptions = {
+  // A dns:/// name that resolves to several replicas: spread calls over all of them.
+  "grpc.service_config": JSON.stringify({ loadBalancingConfig: [{ round_robin: {} }] }),
+  // gRPC's defaults (1 s, doubling to 120 s) would keep a restarted replica
+  // out of use for long after it is back; retries want it soon.
+  "grpc.initial_reconnect_backoff_ms": 100,
+  "grpc.max_reconnect_backoff_ms": 1000,
+};
+
+/**
+ * The addresses a client connects to: an array, or a comma-separated string
+ * ("10.0.0.1:50051,10.0.0.2:50051"), each "host:port" or a gRPC target
+ * ("dns:///idempotency.internal:50051", which resolves to every replica). A
+ * string with grpc-js's own multi-address schemes (ipv4:, ipv6:, unix:) is
+ * one target as it is.
+ */
+export function parseTargets(target: string | readonly string[]): string[] {
+  let targets: string[];
+  if (Array.isArray(target)) {
+    targets = target.map((t, i) => {
+      if (typeof t !== "string") throw new TypeError(`target[${i}] must be a string, got ${typeof t}`);
+      return t.trim();
+    });
+  } else if (typeof target === "string") {
+    targets = /^(ipv4|ipv6|unix|unix-abstract):/i.test(target.trim()) ? [target.trim()] : target.split(",").map((t) => t.trim());
+  } else {
+    throw new TypeError(`target must be a string or an array of strings, got ${typeof target}`);
+  }
+  targets = targets.filter((t) => t.length > 0);
+  if (targets.length === 0) throw new TypeError("target: at least one address is needed");
+  return targets;
+}
+
+/** The client's retry policy merged with a call's; `false` anywhere: one attempt. */
+function retryPolicy(base: RetryPolicy, override: RetryOptions | false | undefined): RetryPolicy {
+  if (override === false) return { ...base, maxAttempts: 1 };
+  if (override === undefined) return base;
+  if (typeof override !== "object" || override === null) throw new TypeError("retry must be false or { maxAttempts, initialBackoffMs, maxBackoffMs, multiplier, perAttemptTimeoutMs }");
+  const policy: RetryPolicy = { ...base };
+  const positive = (field: keyof RetryOptions, min: number) => {
+    const value = override[field];
+    if (value === undefined) return;
+    if (typeof value !== "number" || !Number.isFinite(value) || value < min) {
+      throw new TypeError(`retry.${field} must be a number >= ${min}, got ${value}`);
+    }
+    (policy as unknown as Record<string, number>)[field] = value;
+  };
+  positive("maxAttempts", 1);
+  if (!Number.isInteger(policy.maxAttempts)) throw new TypeError(`retry.maxAttempts must be an integer, got ${policy.maxAttempts}`);
+  positive("initialBackoffMs", 0);
+  positive("maxBackoffMs", 0);
+  positive("multiplier", 1);
+  positive("perAttemptTimeoutMs", 1);
+  return policy;
+}
+
+/** No attempt is started with less time than this left before the call's deadline. */
+export const MIN_ATTEMPT_MS = 50;
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
 /**
  * A client of idempotency-service.
  *
  *     const client = new IdempotencyClient("127.0.0.1:50051");
- *     const client = new IdempotencyClient("idempotency.internal:50051",
+ *     const client = new IdempotencyClient(["10.0.0.1:50051", "10.0.0.2:50051"]);
+ *     const client = new IdempotencyClient("dns:///idempotency.internal:50051",
  *       { token, tls: { rootCerts: readFileSync("ca.pem") } });
  *
- * Failed calls reject with the classes in errors.ts, never with a bare grpc ServiceError.
+ * Every call is retried on UNAVAILABLE, RESOURCE_EXHAUSTED and
+ * DEADLINE_EXCEEDED with capped exponential backoff and full jitter, within
+ * its timeout (see RetryOptions), each attempt on the next address. Failed
+ * calls reject with the classes in errors.ts, never with a bare grpc ServiceError.
  */
 export class IdempotencyClient {
-  private readonly stub: IdempotencyServiceClient;
+  private readonly stubs: IdempotencyServiceClient[];
+  private next = 0;
   private readonly authorization: string | undefined;
+  /** The addresses, one channel each; calls go round them. */
+  readonly targets: readonly string[];
   readonly timeoutMs: number;
+  readonly retry: Readonly<RetryPolicy>;
   readonly logger: Logger;
 
-  constructor(target: string, options: ClientOptions = {}) {
+  constructor(target: string | readonly string[], options: ClientOptions = {}) {
+    this.targets = Object.freeze(parseTargets(target));
     this.authorization = bearer(options.token);
+    this.retry = Object.freeze(retryPolicy(DEFAULT_RETRY, options.retry));
     const credentials = channelCredentials(options);
     const Service = serviceConstructor();
-    this.stub = new Service(target, credentials, options.channelOptions);
+    const channelOptions: grpc.ClientOptions = { ...DEFAULT_CHANNEL_OPTIONS, ...options.channelOptions };
+    if (options.interceptors) channelOptions.interceptors = options.interceptors;
+    this.stubs = this.targets.map((t) => new Service(t, credentials, channelOptions));
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.logger = options.logger ?? console;
   }
 
   close(): void {
-    this.stub.close();
+    for (const stub of this.stubs) stub.close();
   }
 
-  private call<Req, Res>(name: string, request: Req, options: CallOptions | undefined): Promise<Res> {
-    const deadline = new Date(Date.now() + (options?.timeoutMs ?? this.timeoutMs));
+  /** The next address in turn, skipping those whose channel is failing while another is not. */
+  private pickStub(): IdempotencyServiceClient {
+    const count = this.stubs.length;
+    if (count === 1) return this.stubs[0];
+    for (let i = 0; i < count; i++) {
+      const stub = this.stubs[this.next++ % count];
+      if (stub.getChannel().getConnectivityState(false) !== grpc.connectivityState.TRANSIENT_FAILURE) return stub;
+    }
+    return this.stubs[this.next++ % count];
+  }
+
+  private attempt<Res>(name: string, request: unknown, deadline: number): Promise<Res> {
     const metadata = new grpc.Metadata();
     if (this.authorization !== undefined) metadata.set("authorization", this.authorization);
+    const stub = this.pickStub();
     return new Promise((resolve, reject) => {
-      const method = (this.stub as unknown as Record<string, Function>)[name];
-      method.call(this.stub, request, metadata, { deadline }, (error: grpc.ServiceError | null, response: Res) => {
-        if (error) reject(fromServiceError(error, name));
+      const method = (stub as unknown as Record<string, Function>)[name];
+      method.call(stub, request, metadata, { deadline: new Date(deadline) }, (error: grpc.ServiceError | null, response: Res) => {
+        if (error) reject(error);
         else resolve(response);
       });
     });
   }
 
-  /** Try to take the lease on a key. Losing a race is outcome IN_PROGRESS, not an error. */
+  /** One RPC: attempts until one answers, a code is final, maxAttempts is reached or the timeout would pass. */
+  private async call<Req, Res>(name: string, request: Req, options: CallOptions | undefined): Promise<Res> {
+    const policy = retryPolicy(this.retry, options?.retry);
+    const deadline = Date.now() + (options?.timeoutMs ?? this.timeoutMs);
+    for (let attempt = 1; ; attempt++) {
+      const attemptDeadline =
+        policy.perAttemptTimeoutMs === undefined ? deadline : Math.min(deadline, Date.now() + policy.perAttemptTimeoutMs);
+      try {
+        return await this.attempt<Res>(name, request, attemptDeadline);
+      } catch (error) {
+        const failure = error as grpc.ServiceError;
+        if (!RETRYABLE_CODES.has(failure.code) || attempt >= policy.maxAttempts) throw fromServiceError(failure, name, attempt);
+        const pause = backoffMs(attempt, policy);
+        if (Date.now() + pause + MIN_ATTEMPT_MS > deadline) throw fromServiceError(failure, name, attempt);
+        await sleep(pause);
+      }
+    }
+  }
+
+  /**
+   * Try to take the lease on a key. Losing a race is outcome IN_PROGRESS, not
+   * an error. Retry-safe: every attempt sends the same lease token (a new one
+   * per call, or options.leaseToken), so an attempt whose answer was lost is
+   * answered by the next with the same lease (`retried: true`).
+   */
   async claim(namespace: string, key: string, options: ClaimOptions = {}): Promise<ClaimResult> {
     const response = await this.call("Claim", claimRequest({ ...options, namespace, key }), options);
     return claimResult(response as never);
@@ -171,24 +370,36 @@ export class IdempotencyClient {
     return { expiresAt: toDate(reply.expiresAt)! };
   }
 
-  /** Give a failed attempt back: the key is claimable again at once. */
-  async release(namespace: string, key: string, leaseToken: string, options: CallOptions = {}): Promise<void> {
-    await this.call("Release", { namespace, key, leaseToken }, options);
+  /**
+   * Give a failed attempt back: the key is claimable again at once. With
+   * options.checkpoint, saves how far the attempt got for the next holder.
+   * Safe to retry (a repeated Release of the same lease is OK).
+   */
+  async release(namespace: string, key: string, leaseToken: string, options: ReleaseOptions = {}): Promise<void> {
+    const request: Record<string, unknown> = { namespace, key, leaseToken };
+    if (options.checkpoint !== undefined) request.checkpoint = checkpointBytes(options.checkpoint);
+    await this.call("Release", request, options);
   }
 
-  /** Keep a long piece of work's lease alive: it now ends leaseTtlMs from now. */
+  /**
+   * Keep a long piece of work's lease alive: it now ends leaseTtlMs from now.
+   * With options.checkpoint, also saves how far the work got (replacing the
+   * checkpoint saved before): whoever takes the key over receives it.
+   */
   async extendLease(
     namespace: string,
     key: string,
     leaseToken: string,
     options: ExtendLeaseOptions = {},
   ): Promise<ExtendLeaseResult> {
-    const reply = await this.call<unknown, { leaseExpiresAt: never }>("ExtendLease", {
+    const request: Record<string, unknown> = {
       namespace,
       key,
       leaseToken,
       leaseTtl: toDuration(options.leaseTtlMs, "leaseTtlMs"),
-    }, options);
+    };
+    if (options.checkpoint !== undefined) request.checkpoint = checkpointBytes(options.checkpoint);
+    const reply = await this.call<unknown, { leaseExpiresAt: never }>("ExtendLease", request, options);
     return { leaseExpiresAt: toDate(reply.leaseExpiresAt)! };
   }
 
@@ -199,7 +410,8 @@ export class IdempotencyClient {
 
   /**
    * Claim many keys in one call: one ClaimResult per item, in order, each what
-   * its own claim() would have resolved to. The same key twice is one lease:
+   * its own claim() would have resolved to (each item with its own lease token,
+   * the same on every attempt, so the call is retry-safe). The same key twice is one lease:
    * the first item is CLAIMED, the second IN_PROGRESS. An invalid item rejects
    * the whole call with InvalidArgument naming it ("items[3].key: ..."), as
    * does an empty list or one longer than the server's limit (500 unless configured).
@@ -290,13 +502,20 @@ function channelCredentials(options: ClientOptions): grpc.ChannelCredentials {
 }
 
 function claimRequest(item: ClaimItem) {
+  const leaseToken = item.leaseToken ?? newLeaseToken();
+  if (typeof leaseToken !== "string") throw new TypeError(`leaseToken must be a string, got ${typeof leaseToken}`);
   return {
     namespace: item.namespace,
     key: item.key,
     fingerprint: bytes(item.fingerprint ?? Buffer.alloc(0), "fingerprint"),
     leaseTtl: toDuration(item.leaseTtlMs, "leaseTtlMs"),
     retention: toDuration(item.retentionMs, "retentionMs"),
+    leaseToken,
   };
+}
+
+function checkpointBytes(value: unknown): Buffer {
+  return typeof value === "string" ? Buffer.from(value, "utf8") : bytes(value, "checkpoint");
 }
 
 function completeRequest(item: CompleteItem) {

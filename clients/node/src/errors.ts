@@ -6,11 +6,14 @@ import { status, type ServiceError } from "@grpc/grpc-js";
 export class IdempotencyError extends Error {
   /** The gRPC status code behind the error, when a call failed. */
   readonly code: status | undefined;
+  /** How many attempts the call made (retries included), when a call failed. */
+  readonly attempts: number | undefined;
 
-  constructor(message: string, options?: { code?: status; cause?: unknown }) {
+  constructor(message: string, options?: { code?: status; cause?: unknown; attempts?: number }) {
     super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = new.target.name;
     this.code = options?.code;
+    this.attempts = options?.attempts;
   }
 }
 
@@ -23,7 +26,10 @@ export class KeyNotFound extends IdempotencyError {}
 /** FAILED_PRECONDITION: the lease token is not the key's current one (lost, released, or the key completed). */
 export class LeaseNotCurrent extends IdempotencyError {}
 
-/** UNAVAILABLE or DEADLINE_EXCEEDED: the service or its store cannot be reached; retry with backoff. */
+/**
+ * UNAVAILABLE or DEADLINE_EXCEEDED: the service or its store cannot be reached.
+ * The client has already retried within the call's timeout (see `attempts`).
+ */
 export class Unavailable extends IdempotencyError {}
 
 /** UNAUTHENTICATED: no credentials, a token the policy does not know, or a client certificate whose CN is not in it. */
@@ -32,7 +38,7 @@ export class Unauthenticated extends IdempotencyError {}
 /** PERMISSION_DENIED: the policy does not grant the caller this RPC or namespace (for a batch: any item's). Nothing changed. */
 export class PermissionDenied extends IdempotencyError {}
 
-/** RESOURCE_EXHAUSTED: over the caller's rate limit, or too many calls in flight on the server. Retry with backoff. */
+/** RESOURCE_EXHAUSTED: over the caller's rate limit, or too many calls in flight on the server; already retried within the call's timeout. */
 export class ResourceExhausted extends IdempotencyError {}
 
 /** once(): the key was already seen with another payload fingerprint. Nothing changed. */
@@ -56,7 +62,7 @@ export class InProgress extends IdempotencyError {
  */
 export class LeaseLost extends IdempotencyError {}
 
-const BY_CODE = new Map<status, new (message: string, options?: { code?: status; cause?: unknown }) => IdempotencyError>([
+const BY_CODE = new Map<status, new (message: string, options?: { code?: status; cause?: unknown; attempts?: number }) => IdempotencyError>([
   [status.INVALID_ARGUMENT, InvalidArgument],
   [status.NOT_FOUND, KeyNotFound],
   [status.FAILED_PRECONDITION, LeaseNotCurrent],
@@ -77,9 +83,10 @@ export function fromItemStatus(code: number, message: string, method: string, in
   return new Class(`${method}: items[${index}]: ${name}: ${message || name}`, { code });
 }
 
-/** The typed error for a failed call. */
-export function fromServiceError(error: ServiceError, method: string): IdempotencyError {
+/** The typed error for a failed call, after `attempts` attempts. */
+export function fromServiceError(error: ServiceError, method: string, attempts = 1): IdempotencyError {
   const Class = BY_CODE.get(error.code) ?? IdempotencyError;
   const name = status[error.code] ?? String(error.code);
-  return new Class(`${method}: ${name}: ${error.details || error.message}`, { code: error.code, cause: error });
+  const tries = attempts > 1 ? ` (after ${attempts} attempts)` : "";
+  return new Class(`${method}: ${name}: ${error.details || error.message}${tries}`, { code: error.code, cause: error, attempts });
 }

@@ -1,16 +1,28 @@
 // TypeScript client of idempotency-service.
 //
 //   client.ts   IdempotencyClient: claim, complete, release, extendLease, get, purge,
-//               claimBatch, completeBatch, and once()
+//               claimBatch, completeBatch, and once(); retries with backoff,
+//               several addresses
 //   once.ts     the run-once lifecycle (Claim, work, Complete or Release, replay, heartbeat)
 //   keys.ts     deriveKey() and fingerprint(): canonical forms in clients/KEYS.md
 //   types.ts    Outcome, State and the typed results of the RPCs
 //   errors.ts   one error class per status a caller can act on
 //   testing.ts  start a real server for tests
 //   generated/  types generated from proto/ by scripts/generate.mjs (not committed)
-export { IdempotencyClient, DEFAULT_TIMEOUT_MS } from "./client";
+export {
+  IdempotencyClient,
+  DEFAULT_TIMEOUT_MS,
+  DEFAULT_RETRY,
+  RETRYABLE_CODES,
+  backoffMs,
+  newLeaseToken,
+  parseTargets,
+} from "./client";
 export type {
   ClientOptions,
+  RetryOptions,
+  RetryPolicy,
+  ReleaseOptions,
   TlsOptions,
   CallOptions,
   ClaimOptions,

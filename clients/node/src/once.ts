@@ -3,9 +3,12 @@
 // Claim, then by outcome:
 //   CLAIMED              run the work while a heartbeat extends the lease; on
 //                        success Complete with the serialised result, when the
-//                        work throws Release (so the next delivery retries) and
-//                        rethrow; if the lease was lost meanwhile, never
-//                        Complete and throw LeaseLost.
+//                        work throws Release (so the next delivery retries,
+//                        with the last checkpoint the work saved) and rethrow;
+//                        if the lease was lost meanwhile, never Complete and
+//                        throw LeaseLost. The work gets the checkpoint an
+//                        earlier holder saved (lease.checkpoint) and saves its
+//                        own with lease.saveCheckpoint(data).
 //   COMPLETED            the replay: the stored result, deserialised; the work does not run.
 //   FINGERPRINT_MISMATCH throw FingerprintMismatch.
 //   IN_PROGRESS          onInProgress "wait": Claim again with backoff until
@@ -69,6 +72,25 @@ export interface Lease {
   leaseExpiresAt: Date;
   /** Aborted (with a LeaseLost reason) when the heartbeat finds the lease gone: stop the work early. */
   signal: AbortSignal;
+  /**
+   * The last checkpoint: the one an earlier holder of the key saved (a worker
+   * that died or failed midway), how far the work got, to resume from; after
+   * saveCheckpoint(), the one this work saved. null when the work starts afresh.
+   */
+  checkpoint: Buffer | null;
+  /**
+   * The fencing token of the lease that saved `checkpoint` (lower than
+   * fencingToken when an earlier holder saved it); null when there is none.
+   */
+  checkpointFencingToken: bigint | null;
+  /**
+   * Save how far the work got (bytes, or a string as UTF-8; at most the
+   * server's limit, 64 KiB unless configured), replacing the checkpoint saved
+   * before, and extend the lease: one ExtendLease. If this worker dies, the
+   * next holder of the key gets it as `lease.checkpoint`. Rejects with
+   * LeaseLost (and aborts `signal`) when the lease is gone; Complete discards it.
+   */
+  saveCheckpoint(data: Uint8Array | string): Promise<void>;
 }
 
 export interface OnceResult<T> {
@@ -156,16 +178,51 @@ async function runClaimed<T>(
 ): Promise<T> {
   const where = `${namespace}/${key}`;
   const heartbeat = new Heartbeat(client, namespace, key, claim.leaseToken, options);
+  // The last checkpoint the work asked to save, for the Release if it fails.
+  let lastCheckpoint: Buffer | undefined;
+  let saving: Promise<void> = Promise.resolve();
+  const saveCheckpoint = (data: Uint8Array | string): Promise<void> => {
+    const bytes = typeof data === "string" ? Buffer.from(data, "utf8") : data;
+    if (!(bytes instanceof Uint8Array)) {
+      return Promise.reject(new TypeError("saveCheckpoint: the checkpoint must be bytes or a string"));
+    }
+    // One after the other, so that the last one saved is the last one asked for.
+    const save = saving.catch(() => undefined).then(async () => {
+      if (heartbeat.lost) {
+        throw new LeaseLost(`${where}: the lease was lost; the checkpoint was not saved`, { cause: heartbeat.lost });
+      }
+      lastCheckpoint = Buffer.from(bytes);
+      try {
+        await client.extendLease(namespace, key, claim.leaseToken, { leaseTtlMs: options.leaseTtlMs, checkpoint: lastCheckpoint });
+        lease.checkpoint = lastCheckpoint;
+        lease.checkpointFencingToken = claim.fencingToken;
+      } catch (error) {
+        if (leaseGone(error)) {
+          heartbeat.markLost(error);
+          throw new LeaseLost(`${where}: the lease was lost; the checkpoint was not saved`, { cause: error });
+        }
+        throw error;
+      }
+    });
+    saving = save;
+    return save;
+  };
+
+  const lease: Lease = {
+    leaseToken: claim.leaseToken,
+    fencingToken: claim.fencingToken,
+    leaseExpiresAt: claim.leaseExpiresAt,
+    signal: heartbeat.signal,
+    checkpoint: claim.checkpoint,
+    checkpointFencingToken: claim.checkpointFencingToken,
+    saveCheckpoint,
+  };
 
   let value: T;
   let response: Uint8Array;
   try {
-    value = await work({
-      leaseToken: claim.leaseToken,
-      fencingToken: claim.fencingToken,
-      leaseExpiresAt: claim.leaseExpiresAt,
-      signal: heartbeat.signal,
-    });
+    value = await work(lease);
+    await saving.catch(() => undefined);
     await heartbeat.stop();
     if (heartbeat.lost) {
       throw new LeaseLost(`${where}: the lease was lost while the work ran; the result was not stored`, {
@@ -174,11 +231,14 @@ async function runClaimed<T>(
     }
     response = serializer.serialize(value);
   } catch (failure) {
+    await saving.catch(() => undefined);
     await heartbeat.stop();
     if (!heartbeat.lost) {
-      // Give the key back so the next delivery retries; never hide the failure.
+      // Give the key back so the next delivery retries, with how far this
+      // attempt got (a checkpoint whose ExtendLease failed is saved now);
+      // never hide the failure.
       try {
-        await client.release(namespace, key, claim.leaseToken);
+        await client.release(namespace, key, claim.leaseToken, { checkpoint: lastCheckpoint });
       } catch (error) {
         client.logger.warn(`idempotency once(): Release after a failed attempt failed: ${(error as Error).message}`);
       }
@@ -234,13 +294,18 @@ class Heartbeat {
       await this.client.extendLease(this.namespace, this.key, this.leaseToken, { leaseTtlMs: this.options.leaseTtlMs });
     } catch (error) {
       if (leaseGone(error)) {
-        this.lost = error;
-        this.controller.abort(new LeaseLost(`${this.namespace}/${this.key}: the lease was lost`, { cause: error }));
+        this.markLost(error);
       } else {
         // Transient: the lease may well still be ours, and the final Complete tells for sure.
         this.client.logger.warn(`idempotency heartbeat: ExtendLease failed: ${(error as Error).message}`);
       }
     }
+  }
+
+  markLost(error: LeaseNotCurrent | KeyNotFound): void {
+    if (this.lost) return;
+    this.lost = error;
+    this.controller.abort(new LeaseLost(`${this.namespace}/${this.key}: the lease was lost`, { cause: error }));
   }
 
   async stop(): Promise<void> {

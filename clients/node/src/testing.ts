@@ -5,6 +5,9 @@
 //   const client = new IdempotencyClient(server.target);
 //   ...
 //   await server.stop();                         // SIGTERM, as in production
+//   const again = await server.restart();        // SIGTERM, then a new process on the same port
+//
+// Replicas: several servers on one PostgreSQL database (startReplicas()).
 //
 // With TLS on the main port (IDEMPOTENCY_TLS_CERT_FILE in `env`), the helper
 // also opens the plaintext health listener (IDEMPOTENCY_HEALTH_LISTEN_ADDR) on
@@ -30,6 +33,11 @@ export interface ServerOptions {
   databaseUrl?: string;
   env?: Record<string, string>;
   readyTimeoutMs?: number;
+  /**
+   * The address to listen on, "127.0.0.1:PORT"; default: a free loopback
+   * port. A stopped server's target restarts it on its port.
+   */
+  target?: string;
 }
 
 export interface RunningServer {
@@ -40,6 +48,8 @@ export interface RunningServer {
   logPath: string;
   log(): string;
   stop(): Promise<number | null>;
+  /** Stop (SIGTERM) and start a new process with the same settings on the same port. */
+  restart(): Promise<RunningServer>;
 }
 
 export function serverBinary(): string {
@@ -114,7 +124,7 @@ export async function waitUntilServing(target: string, timeoutMs: number, child?
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
   const binary = options.binary ?? serverBinary();
   const dataDir = options.dataDir ?? mkdtempSync(join(tmpdir(), "idempotency-node-test-"));
-  const target = `127.0.0.1:${await freePort()}`;
+  const target = options.target ?? `127.0.0.1:${await freePort()}`;
   const env: Record<string, string> = { ...(process.env as Record<string, string>) };
   delete env.DATABASE_URL;
   // Metrics off: the default port (8464) is one for every server on the machine.
@@ -155,6 +165,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       }
       return child.exitCode;
     },
+    restart: async () => {
+      await server.stop();
+      return startServer({ ...options, dataDir, target, env: extra });
+    },
   };
   try {
     await waitUntilServing(healthTarget, options.readyTimeoutMs ?? 60_000, child);
@@ -163,6 +177,32 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     throw new Error(`${(error as Error).message}\n--- server log ---\n${server.log()}`);
   }
   return server;
+}
+
+/**
+ * `count` servers on one PostgreSQL database (a new one unless `databaseUrl`
+ * is given), as replicas behind one name would be. `stop()` stops them all
+ * and drops a database it created.
+ */
+export async function startReplicas(
+  count: number,
+  options: Omit<ServerOptions, "target" | "dataDir"> = {},
+): Promise<{ servers: RunningServer[]; databaseUrl: string; stop(): Promise<void> }> {
+  const created = options.databaseUrl === undefined;
+  const databaseUrl = options.databaseUrl ?? createPostgresDatabase();
+  const servers: RunningServer[] = [];
+  const stop = async () => {
+    await Promise.all(servers.map((server) => server.stop()));
+    if (created) dropPostgresDatabase(databaseUrl);
+  };
+  try {
+    // One after the other: the first applies the schema's migrations.
+    for (let i = 0; i < count; i++) servers.push(await startServer({ ...options, databaseUrl }));
+  } catch (error) {
+    await stop();
+    throw error;
+  }
+  return { servers, databaseUrl, stop };
 }
 
 function psql(baseUrl: string, sql: string): void {

@@ -40,6 +40,16 @@ export interface Claimed {
   leaseExpiresAt: Date;
   /** When the record expires if nobody completes it. */
   expiresAt: Date | null;
+  /**
+   * The last checkpoint an earlier holder saved on the key (extendLease or
+   * release with `checkpoint`): resume the work from it. null when none was
+   * saved since the key was last absent or completed.
+   */
+  checkpoint: Buffer | null;
+  /** The fencing token of the lease that saved the checkpoint; null when there is none. */
+  checkpointFencingToken: bigint | null;
+  /** True when this repeats the lease an earlier attempt with the same lease token won (a retried Claim whose answer was lost). */
+  retried: boolean;
 }
 
 /** Another claimant holds a live lease. */
@@ -78,6 +88,8 @@ export interface CompleteResult {
 export interface ClaimItem {
   namespace: string;
   key: string;
+  /** Default: a new one per item (see ClaimOptions.leaseToken). */
+  leaseToken?: string;
   fingerprint?: Uint8Array;
   leaseTtlMs?: number;
   retentionMs?: number;
@@ -122,6 +134,10 @@ export interface KeyRecord {
   expiresAt: Date | null;
   createdAt: Date | null;
   updatedAt: Date | null;
+  /** IN_PROGRESS and RELEASED only: the last checkpoint saved on the key; null when none. */
+  checkpoint: Buffer | null;
+  /** The fencing token of the lease that saved the checkpoint; null when there is none. */
+  checkpointFencingToken: bigint | null;
 }
 
 export function toDuration(ms: number | undefined, field: string): Duration | null {
@@ -146,6 +162,13 @@ function toMs(duration: Duration__Output | null | undefined): number | null {
   return Number(duration.seconds) * 1000 + duration.nanos / 1e6;
 }
 
+/** A checkpoint and its fencing token from the wire: fencing token 0 means none. */
+function checkpointOf(data: Buffer | undefined, fencingToken: string | undefined): { checkpoint: Buffer | null; checkpointFencingToken: bigint | null } {
+  const token = BigInt(fencingToken || "0");
+  if (token === 0n) return { checkpoint: null, checkpointFencingToken: null };
+  return { checkpoint: Buffer.from(data ?? Buffer.alloc(0)), checkpointFencingToken: token };
+}
+
 function required<T>(value: T | null, what: string): T {
   if (value === null) throw new IdempotencyError(`the server's answer lacks ${what}`);
   return value;
@@ -160,6 +183,8 @@ export function claimResult(message: ClaimResponse__Output): ClaimResult {
         fencingToken: BigInt(message.fencingToken),
         leaseExpiresAt: required(toDate(message.leaseExpiresAt), "lease_expires_at"),
         expiresAt: toDate(message.expiresAt),
+        ...checkpointOf(message.checkpoint, message.checkpointFencingToken),
+        retried: message.retried === true,
       };
     case "OUTCOME_IN_PROGRESS":
       return {
@@ -197,6 +222,7 @@ export function keyRecord(message: GetResponse__Output): KeyRecord {
     return {
       state, fencingToken: null, fingerprint: null, response: null,
       leaseExpiresAt: null, expiresAt: null, createdAt: null, updatedAt: null,
+      checkpoint: null, checkpointFencingToken: null,
     };
   }
   return {
@@ -208,5 +234,8 @@ export function keyRecord(message: GetResponse__Output): KeyRecord {
     expiresAt: toDate(message.expiresAt),
     createdAt: toDate(message.createdAt),
     updatedAt: toDate(message.updatedAt),
+    ...(state === "COMPLETED"
+      ? { checkpoint: null, checkpointFencingToken: null }
+      : checkpointOf(message.checkpoint, message.checkpointFencingToken)),
   };
 }

@@ -171,7 +171,8 @@ describe("authentication and TLS", () => {
   });
 
   test("over the rate limit is RESOURCE_EXHAUSTED", async () => {
-    const client = connect(plain, { token: LIMITED_TOKEN });
+    // Retries off: with them the client would wait for the next token.
+    const client = connect(plain, { token: LIMITED_TOKEN, retry: false });
     const ns = unique("limited");
     await assert.rejects(async () => {
       for (let i = 0; i < 20; i++) await client.get(ns, `k${i}`); // 1 per second, burst 1
@@ -226,12 +227,12 @@ describe("authentication and TLS", () => {
 
   test("TLS without the CA as root fails", async () => {
     // tls: true: the system's roots, which do not include the test CA.
-    const client = connect(secure, { token: ORDERS_TOKEN, tls: true, timeoutMs: 5000 });
+    const client = connect(secure, { token: ORDERS_TOKEN, tls: true, timeoutMs: 5000, retry: { maxAttempts: 2 } });
     await assert.rejects(client.claim(unique("orders"), "k"), (error: unknown) => error instanceof Unavailable && /certificate/i.test(error.message));
   });
 
   test("a plaintext client cannot reach the TLS port", async () => {
-    const client = connect(secure, { token: ORDERS_TOKEN, timeoutMs: 5000 });
+    const client = connect(secure, { token: ORDERS_TOKEN, timeoutMs: 5000, retry: { maxAttempts: 2 } });
     await assert.rejects(client.claim(unique("orders"), "k"), Unavailable);
   });
 
@@ -239,6 +240,7 @@ describe("authentication and TLS", () => {
     const client = connect(secure, {
       token: ORDERS_TOKEN,
       timeoutMs: 5000,
+      retry: { maxAttempts: 2 },
       tls: { rootCerts: pem("ca.pem"), clientCert: pem("rogue-client.pem"), clientKey: pem("rogue-client.key") },
     });
     await assert.rejects(client.claim(unique("orders"), "k"), (error: unknown) => error instanceof Unavailable && /unknown ca/i.test(error.message));
