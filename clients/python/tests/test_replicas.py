@@ -69,6 +69,8 @@ def test_a_complete_sent_to_a_replica_that_just_stopped_is_retried_on_the_other(
     # first replica, the Complete on the second, which stops as it is sent.
     stopper = BeforeFirst("Complete", replicas[1].stop)
     with IdempotencyClient([server.target for server in replicas], interceptors=[stopper]) as client:
+        for channel in client._endpoints.channels:  # both connected: the turns decide
+            grpc.channel_ready_future(channel).result(timeout=10)
         with caplog.at_level(logging.DEBUG, logger="idempotency_client"):
             assert client.once(namespace, "k").run(lambda: "ok") == "ok"
         assert client.get(namespace, "k").state is State.COMPLETED

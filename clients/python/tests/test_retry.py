@@ -209,17 +209,31 @@ def test_a_retry_after_unavailable_lands_on_the_other_address(server, namespace,
     assert counting.count(code=grpc.StatusCode.UNAVAILABLE) <= 12
 
 
-def test_a_hanging_attempt_times_out_and_leaves_time_for_another(server, namespace, black_hole):
+def test_a_hanging_attempt_times_out_and_leaves_time_for_another(black_hole):
     counting = Counting()
-    policy = RetryPolicy(per_attempt_timeout=0.3, initial_backoff=0.01)
+    policy = RetryPolicy(per_attempt_timeout=0.2, initial_backoff=0.01, max_backoff=0.01)
+    with IdempotencyClient(black_hole, retry=policy, timeout=1.0, interceptors=[counting]) as client:
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as raised:
+            client.get("ns", "k")
+        elapsed = time.monotonic() - started
+    assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert counting.count("Get", grpc.StatusCode.DEADLINE_EXCEEDED) == raised.value.attempts >= 4
+    assert 0.8 <= elapsed <= 1.5, elapsed
+
+
+def test_a_replica_that_hangs_gets_no_call_once_another_is_connected(server, namespace, black_hole):
+    counting = Counting()
+    policy = RetryPolicy(per_attempt_timeout=0.5)
     with IdempotencyClient([black_hole, server.target], retry=policy, timeout=5, interceptors=[counting]) as client:
         started = time.monotonic()
-        # Calls start on each address in turn: at least one starts on the black hole.
-        for index in range(2):
+        for index in range(10):
             assert client.get(namespace, f"k{index}").state is State.ABSENT
         elapsed = time.monotonic() - started
-    assert counting.count("Get", grpc.StatusCode.DEADLINE_EXCEEDED) >= 1
-    assert counting.count("Get", grpc.StatusCode.OK) == 2
+    # At most the first call, before the server's channel was connected,
+    # tried the black hole (and timed out after 0.5 s).
+    assert counting.count("Get", grpc.StatusCode.OK) == 10
+    assert counting.count("Get", grpc.StatusCode.DEADLINE_EXCEEDED) <= 1
     assert elapsed < 2.0, elapsed
 
 

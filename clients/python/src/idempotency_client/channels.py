@@ -7,10 +7,11 @@ string with commas: "10.0.0.1:50051,10.0.0.2:50051"), or a gRPC target URI
 Every channel balances round-robin over the addresses its name resolves to
 (so a `dns:///` name with several A records, or an `ipv4:` list, spreads over
 all of them, and skips one that does not answer). With several addresses the
-client keeps one channel per address, starts each call on the next one in
-turn, passes over a channel whose connection is failing when another is not,
-and sends each retry to the next one: a retry after UNAVAILABLE lands on
-another replica.
+client keeps one channel per address (each kept connected), starts each call
+on the next one in turn that is connected (else the next that is not
+failing), and sends each retry to the next one: a retry after UNAVAILABLE
+lands on another replica, and a replica that is down gets no call while
+another is up.
 """
 
 from __future__ import annotations
@@ -112,18 +113,24 @@ class Endpoints:
 
     def pick(self, first: int, attempt: int) -> _Endpoint:
         """The channel for attempt number `attempt` (0 for the first) of a
-        call that started at `first`: the next one in turn from there that is
-        not failing, or the one in turn when all are."""
+        call that started at `first`: in turn from there, the first that is
+        connected (READY), else the first that is not failing (connecting, or
+        idle), else the one in turn. So a replica whose connections fail or
+        hang gets no call while another is connected."""
         endpoints = self._endpoints
         count = len(endpoints)
         if count == 1:
             return endpoints[0]
         start = first + attempt
-        for offset in range(count):
-            endpoint = endpoints[(start + offset) % count]
-            if self._state_of(endpoint) not in _FAILING:
+        ordered = [endpoints[(start + offset) % count] for offset in range(count)]
+        states = [self._state_of(endpoint) for endpoint in ordered]
+        for endpoint, state in zip(ordered, states):
+            if state is grpc.ChannelConnectivity.READY:
                 return endpoint
-        return endpoints[start % count]
+        for endpoint, state in zip(ordered, states):
+            if state not in _FAILING:
+                return endpoint
+        return ordered[0]
 
 
 def sync_endpoints(
