@@ -282,16 +282,20 @@ class Heartbeat {
 
   private schedule(intervalMs: number): void {
     this.timer = setTimeout(() => {
-      this.inFlight = this.beat().then(() => {
+      this.inFlight = this.beat(intervalMs).then(() => {
         if (!this.stopped && !this.lost) this.schedule(intervalMs);
       });
     }, intervalMs);
     this.timer.unref();
   }
 
-  private async beat(): Promise<void> {
+  private async beat(intervalMs: number): Promise<void> {
     try {
-      await this.client.extendLease(this.namespace, this.key, this.leaseToken, { leaseTtlMs: this.options.leaseTtlMs });
+      // Retries within about one interval (at least 1 s), not the client's
+      // whole timeout: a beat that cannot get through in time is the next one's
+      // job, and once() does not wait long for a beat in flight when the work ends.
+      const timeoutMs = Math.min(this.client.timeoutMs, Math.max(intervalMs, 1000));
+      await this.client.extendLease(this.namespace, this.key, this.leaseToken, { leaseTtlMs: this.options.leaseTtlMs, timeoutMs });
     } catch (error) {
       if (leaseGone(error)) {
         this.markLost(error);
