@@ -303,15 +303,29 @@ export class IdempotencyClient {
     for (const stub of this.stubs) stub.close();
   }
 
-  /** The next address in turn, skipping those whose channel is failing while another is not. */
+  /**
+   * The next address in turn whose channel is connected; else the next whose
+   * channel is not failing (idle or connecting); else simply the next. So a
+   * replica that is down, or whose connections hang, gets no call while
+   * another is connected. Looking wakes an idle channel up, so that a replica
+   * that came back is connected and used again.
+   */
   private pickStub(): IdempotencyServiceClient {
     const count = this.stubs.length;
     if (count === 1) return this.stubs[0];
+    let notFailing: number | undefined;
     for (let i = 0; i < count; i++) {
-      const stub = this.stubs[this.next++ % count];
-      if (stub.getChannel().getConnectivityState(false) !== grpc.connectivityState.TRANSIENT_FAILURE) return stub;
+      const index = (this.next + i) % count;
+      const state = this.stubs[index].getChannel().getConnectivityState(true);
+      if (state === grpc.connectivityState.READY) {
+        this.next = index + 1;
+        return this.stubs[index];
+      }
+      if (notFailing === undefined && state !== grpc.connectivityState.TRANSIENT_FAILURE) notFailing = index;
     }
-    return this.stubs[this.next++ % count];
+    const index = notFailing ?? this.next % count;
+    this.next = index + 1;
+    return this.stubs[index];
   }
 
   private attempt<Res>(name: string, request: unknown, deadline: number): Promise<Res> {

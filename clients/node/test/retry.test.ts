@@ -298,6 +298,14 @@ describe("several addresses", () => {
     assert.ok(Date.now() - started >= 250, "the first attempt went to the hanging address and timed out");
   });
 
+  test("an address whose connections hang gets no call while another is connected", async () => {
+    const client = connect([hangTarget, server!.target], { retry: { perAttemptTimeoutMs: 300 }, timeoutMs: 5000 });
+    await client.get("node-x", "warm-up"); // connects to the live address (maybe after one attempt on the other)
+    const started = Date.now();
+    for (let i = 0; i < 20; i++) assert.equal((await client.get("node-x", `k${i}`)).state, "ABSENT");
+    assert.ok(Date.now() - started < 250, `20 calls took ${Date.now() - started} ms: none waited on the hanging address`);
+  });
+
   test("without a per-attempt timeout a hanging attempt uses up the deadline: DEADLINE_EXCEEDED once", async () => {
     const client = connect(hangTarget, { timeoutMs: 600 });
     const started = Date.now();
