@@ -190,6 +190,10 @@ pub struct Config {
     #[arg(long, env = "IDEMPOTENCY_MAX_RESPONSE_BYTES", default_value_t = 1024 * 1024)]
     pub max_response_bytes: usize,
 
+    /// The largest checkpoint ExtendLease or Release may save, in bytes.
+    #[arg(long, env = "IDEMPOTENCY_MAX_CHECKPOINT_BYTES", default_value_t = 64 * 1024)]
+    pub max_checkpoint_bytes: usize,
+
     /// How often the reaper deletes expired records. Expired records are absent
     /// to every call at once; the reaper only reclaims their space.
     #[arg(long, env = "IDEMPOTENCY_REAPER_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
@@ -298,6 +302,7 @@ impl Config {
             default_retention: self.default_retention,
             max_retention: self.max_retention,
             max_response_bytes: self.max_response_bytes,
+            max_checkpoint_bytes: self.max_checkpoint_bytes,
         }
     }
 
@@ -488,6 +493,7 @@ mod tests {
         assert_eq!(config.default_retention, Duration::from_secs(86_400));
         assert_eq!(config.max_retention, Duration::from_secs(30 * 86_400));
         assert_eq!(config.max_response_bytes, 1_048_576);
+        assert_eq!(config.max_checkpoint_bytes, 65_536);
         assert_eq!(config.reaper_interval, Duration::from_secs(60));
         assert!(config.run_migrations);
         config.validate().unwrap();

@@ -1,6 +1,6 @@
 //! The vocabulary of the service: validated newtypes for what callers send
-//! (namespace, key, fingerprint, lease token, durations, response bodies), the
-//! stored record, and the outcomes of each call.
+//! (namespace, key, fingerprint, lease token, durations, response bodies,
+//! checkpoints), the stored record, and the outcomes of each call.
 //!
 //! Everything here is parsed once, at the edge: a `Key` that exists is valid,
 //! and nothing past the gRPC adapter checks lengths again. This module knows
@@ -189,6 +189,7 @@ pub struct Limits {
     pub default_retention: Duration,
     pub max_retention: Duration,
     pub max_response_bytes: usize,
+    pub max_checkpoint_bytes: usize,
 }
 
 impl Default for Limits {
@@ -199,6 +200,7 @@ impl Default for Limits {
             default_retention: Duration::from_secs(24 * 3600),
             max_retention: Duration::from_secs(30 * 24 * 3600),
             max_response_bytes: 1024 * 1024,
+            max_checkpoint_bytes: 64 * 1024,
         }
     }
 }
@@ -237,6 +239,21 @@ impl Limits {
         }
         Ok(body)
     }
+
+    /// A checkpoint to save: `None` (keep the saved one) or at most the limit.
+    pub fn checkpoint(&self, data: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Error> {
+        match data {
+            Some(data) if data.len() > self.max_checkpoint_bytes => Err(Error::invalid(
+                "checkpoint",
+                format!(
+                    "must be at most {} bytes, got {}",
+                    self.max_checkpoint_bytes,
+                    data.len()
+                ),
+            )),
+            other => Ok(other),
+        }
+    }
 }
 
 fn bounded(
@@ -262,6 +279,28 @@ pub enum RecordState {
     Released,
 }
 
+/// How far an earlier lease holder got, as it said with ExtendLease or
+/// Release: opaque bytes, and the fencing token of the lease it was saved
+/// under. A Claim that takes the key over hands it to the new holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub data: Vec<u8>,
+    pub fencing_token: u64,
+}
+
+impl Checkpoint {
+    /// From the store's two columns: a checkpoint exists when both do.
+    pub fn from_stored(data: Option<Vec<u8>>, fencing_token: Option<i64>) -> Option<Self> {
+        match (data, fencing_token) {
+            (Some(data), Some(fencing_token)) => Some(Self {
+                data,
+                fencing_token: fencing_token as u64,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// One key's record as the store holds it. It may be expired: deciding what
 /// that means is the lifecycle's job, with the store's clock.
 #[derive(Debug, Clone)]
@@ -278,11 +317,22 @@ pub struct Record {
     pub expires_at: SystemTime,
     pub created_at: SystemTime,
     pub updated_at: SystemTime,
+    /// The last checkpoint saved since the key was last absent or completed.
+    pub checkpoint: Option<Checkpoint>,
 }
 
 impl Record {
     pub fn is_expired(&self, now: SystemTime) -> bool {
         self.expires_at <= now
+    }
+
+    /// The checkpoint a caller may see: only while the work is unfinished
+    /// (in progress or released); a completed key has none.
+    pub fn open_checkpoint(&self) -> Option<&Checkpoint> {
+        match self.state {
+            RecordState::InProgress | RecordState::Released => self.checkpoint.as_ref(),
+            RecordState::Completed => None,
+        }
     }
 }
 
@@ -303,7 +353,8 @@ impl Snapshot {
     }
 }
 
-/// A Claim as the store receives it: everything resolved, token generated.
+/// A Claim as the store receives it: everything resolved, token generated
+/// (or the caller's).
 #[derive(Debug, Clone)]
 pub struct NewLease {
     pub namespace: Namespace,
@@ -332,14 +383,22 @@ pub struct Lease {
     pub fencing_token: u64,
     pub lease_expires_at: SystemTime,
     pub expires_at: SystemTime,
+    /// The checkpoint an earlier holder saved, which this one resumes from.
+    pub checkpoint: Option<Checkpoint>,
 }
 
 /// What a Claim tells the caller to do next.
 #[derive(Debug, Clone)]
 pub enum ClaimOutcome {
     /// Do the work, then Complete or Release. `took_over` says the key was
-    /// taken from a claimant whose lease had expired (it died or was too slow).
-    Claimed { lease: Lease, took_over: bool },
+    /// taken from a claimant whose lease had expired (it died or was too slow);
+    /// `retried` that the Claim repeated the current lease's token, and got
+    /// that lease back unchanged.
+    Claimed {
+        lease: Lease,
+        took_over: bool,
+        retried: bool,
+    },
     /// Someone else holds a live lease: try again after `retry_after`.
     InProgress {
         lease_expires_at: SystemTime,
@@ -359,6 +418,7 @@ impl ClaimOutcome {
     /// A short name for logs and metrics.
     pub fn name(&self) -> &'static str {
         match self {
+            Self::Claimed { retried: true, .. } => "retried",
             Self::Claimed { .. } => "claimed",
             Self::InProgress { .. } => "in_progress",
             Self::Completed { .. } => "completed",

@@ -1,5 +1,11 @@
 //! The rules of a key's lifecycle: Claim, Complete, Release, ExtendLease, Get.
 //!
+//! A Claim that carries the caller's own lease token is retry-safe: when the
+//! key's live lease already has that token, the Claim answers with that lease
+//! (it was this caller's earlier attempt, whose answer was lost). Checkpoints
+//! saved under a lease travel to the next holder with the Claim that takes
+//! the key over.
+//!
 //! Each call is built from the store's atomic operations. The store's guarded
 //! statements decide every race; this module decides what a caller is told
 //! when a guarded statement did not apply (was the key gone, or held by
@@ -10,8 +16,8 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use crate::domain::{
-    ClaimOutcome, Fingerprint, Key, LeaseToken, Limits, Namespace, NewLease, Record, RecordState,
-    Snapshot,
+    ClaimOutcome, Fingerprint, Key, Lease, LeaseToken, Limits, Namespace, NewLease, Record,
+    RecordState, Snapshot,
 };
 use crate::error::Error;
 use crate::store::{FirstClaim, Store};
@@ -29,6 +35,9 @@ pub struct ClaimRequest {
     pub fingerprint: Option<Fingerprint>,
     pub lease_ttl: Option<Duration>,
     pub retention: Option<Duration>,
+    /// The caller's own token for the lease (a retry-safe Claim); `None`: the
+    /// server makes one.
+    pub lease_token: Option<LeaseToken>,
 }
 
 /// A validated Complete.
@@ -67,7 +76,7 @@ impl<S: Store> Lifecycle<S> {
             namespace: request.namespace,
             key: request.key,
             fingerprint: request.fingerprint,
-            lease_token: LeaseToken::generate(),
+            lease_token: request.lease_token.unwrap_or_else(LeaseToken::generate),
             lease_ttl,
             retention,
         };
@@ -78,6 +87,7 @@ impl<S: Store> Lifecycle<S> {
                     return Ok(ClaimOutcome::Claimed {
                         lease,
                         took_over: false,
+                        retried: false,
                     });
                 }
                 Some(FirstClaim::Found(snapshot)) => snapshot,
@@ -87,13 +97,14 @@ impl<S: Store> Lifecycle<S> {
                         .await?
                 }
             };
-            match judge(snapshot, new_lease.fingerprint.as_ref()) {
+            match judge(snapshot, &new_lease) {
                 Verdict::Answer(outcome) => return Ok(outcome),
                 Verdict::TryClaim { takeover } => {
                     if let Some(lease) = self.store.try_claim(&new_lease).await? {
                         return Ok(ClaimOutcome::Claimed {
                             lease,
                             took_over: takeover,
+                            retried: false,
                         });
                     }
                 }
@@ -153,7 +164,7 @@ impl<S: Store> Lifecycle<S> {
                 namespace: request.namespace,
                 key: request.key,
                 fingerprint: request.fingerprint,
-                lease_token: LeaseToken::generate(),
+                lease_token: request.lease_token.unwrap_or_else(LeaseToken::generate),
             });
         }
         let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; leases.len()];
@@ -177,6 +188,7 @@ impl<S: Store> Lifecycle<S> {
                     outcomes[i] = Some(ClaimOutcome::Claimed {
                         lease,
                         took_over: false,
+                        retried: false,
                     })
                 }
                 FirstClaim::Found(snapshot) => read.push((i, snapshot)),
@@ -216,7 +228,7 @@ impl<S: Store> Lifecycle<S> {
         let mut again = Vec::new();
         let mut trying = HashSet::new();
         for (i, snapshot) in read {
-            match judge(snapshot, leases[i].fingerprint.as_ref()) {
+            match judge(snapshot, &leases[i]) {
                 Verdict::Answer(outcome) => outcomes[i] = Some(outcome),
                 Verdict::TryClaim { takeover } => {
                     if trying.insert((&leases[i].namespace, &leases[i].key)) {
@@ -238,6 +250,7 @@ impl<S: Store> Lifecycle<S> {
                     outcomes[i] = Some(ClaimOutcome::Claimed {
                         lease,
                         took_over: takeover,
+                        retried: false,
                     })
                 }
                 None => again.push(i),
@@ -283,15 +296,22 @@ impl<S: Store> Lifecycle<S> {
             .collect())
     }
 
-    /// Release: give a failed attempt back. Repeating it with the same token
-    /// while nobody claimed since is OK.
+    /// Release: give a failed attempt back, saving its checkpoint when it
+    /// sends one. Repeating it with the same token while nobody claimed since
+    /// is OK.
     pub async fn release(
         &self,
         namespace: Namespace,
         key: Key,
         token: LeaseToken,
+        checkpoint: Option<Vec<u8>>,
     ) -> Result<(), Error> {
-        if self.store.release(&namespace, &key, &token).await? {
+        let checkpoint = self.limits.checkpoint(checkpoint)?;
+        if self
+            .store
+            .release(&namespace, &key, &token, checkpoint.as_deref())
+            .await?
+        {
             return Ok(());
         }
         let record = self.live_record(&namespace, &key).await?;
@@ -306,18 +326,21 @@ impl<S: Store> Lifecycle<S> {
         }
     }
 
-    /// ExtendLease: move the lease's expiry to now + ttl.
+    /// ExtendLease: move the lease's expiry to now + ttl, and save the
+    /// checkpoint when there is one.
     pub async fn extend_lease(
         &self,
         namespace: Namespace,
         key: Key,
         token: LeaseToken,
         lease_ttl: Option<Duration>,
+        checkpoint: Option<Vec<u8>>,
     ) -> Result<std::time::SystemTime, Error> {
         let lease_ttl = self.limits.lease_ttl(lease_ttl)?;
+        let checkpoint = self.limits.checkpoint(checkpoint)?;
         if let Some(lease_expires_at) = self
             .store
-            .extend_lease(&namespace, &key, &token, lease_ttl)
+            .extend_lease(&namespace, &key, &token, lease_ttl, checkpoint.as_deref())
             .await?
         {
             return Ok(lease_expires_at);
@@ -374,13 +397,15 @@ fn why_not_completed(snapshot: Snapshot, token: LeaseToken) -> Result<SystemTime
 }
 
 /// Decides a Claim from a read of the key. Anything that would change the
-/// record goes to the guarded statement, which re-checks it atomically.
-fn judge(snapshot: Snapshot, offered: Option<&Fingerprint>) -> Verdict {
+/// record goes to the guarded statement, which re-checks it atomically. A
+/// live lease whose token is the one offered is the caller's own (a retried
+/// Claim) and is answered as it stands: nothing needs writing.
+fn judge(snapshot: Snapshot, offered: &NewLease) -> Verdict {
     let now = snapshot.now;
     let Some(record) = snapshot.live() else {
         return Verdict::TryClaim { takeover: false };
     };
-    if Fingerprint::conflicts(record.fingerprint.as_ref(), offered) {
+    if Fingerprint::conflicts(record.fingerprint.as_ref(), offered.fingerprint.as_ref()) {
         return Verdict::Answer(ClaimOutcome::FingerprintMismatch);
     }
     match record.state {
@@ -389,6 +414,21 @@ fn judge(snapshot: Snapshot, offered: Option<&Fingerprint>) -> Verdict {
             expires_at: record.expires_at,
         }),
         RecordState::InProgress => match record.lease_expires_at {
+            Some(lease_expires_at)
+                if lease_expires_at > now && record.lease_token == Some(offered.lease_token) =>
+            {
+                Verdict::Answer(ClaimOutcome::Claimed {
+                    lease: Lease {
+                        lease_token: offered.lease_token,
+                        fencing_token: record.fencing_token,
+                        lease_expires_at,
+                        expires_at: record.expires_at,
+                        checkpoint: record.checkpoint,
+                    },
+                    took_over: false,
+                    retried: true,
+                })
+            }
             Some(lease_expires_at) if lease_expires_at > now => {
                 Verdict::Answer(ClaimOutcome::InProgress {
                     lease_expires_at,
@@ -425,6 +465,7 @@ mod tests {
             expires_at: now + Duration::from_secs(100),
             created_at: now,
             updated_at: now,
+            checkpoint: None,
         }
     }
 
@@ -439,9 +480,24 @@ mod tests {
         Fingerprint::from_stored(bytes.to_vec())
     }
 
+    /// A Claim offering `fingerprint` and a fresh token of its own.
+    fn offer(fingerprint: Option<Fingerprint>) -> NewLease {
+        NewLease {
+            namespace: Namespace::parse("ns".into()).unwrap(),
+            key: Key::parse("k".into()).unwrap(),
+            fingerprint,
+            lease_token: LeaseToken::generate(),
+            lease_ttl: Duration::from_secs(30),
+            retention: Duration::from_secs(60),
+        }
+    }
+
     #[test]
     fn a_live_lease_answers_in_progress_with_the_time_left() {
-        let verdict = judge(snapshot(record(RecordState::InProgress, None, 7)), None);
+        let verdict = judge(
+            snapshot(record(RecordState::InProgress, None, 7)),
+            &offer(None),
+        );
         match verdict {
             Verdict::Answer(ClaimOutcome::InProgress { retry_after, .. }) => {
                 assert_eq!(retry_after, Duration::from_secs(7))
@@ -453,11 +509,17 @@ mod tests {
     #[test]
     fn an_expired_lease_or_a_release_is_claimable() {
         assert!(matches!(
-            judge(snapshot(record(RecordState::InProgress, None, -1)), None),
+            judge(
+                snapshot(record(RecordState::InProgress, None, -1)),
+                &offer(None)
+            ),
             Verdict::TryClaim { takeover: true }
         ));
         assert!(matches!(
-            judge(snapshot(record(RecordState::Released, None, 0)), None),
+            judge(
+                snapshot(record(RecordState::Released, None, 0)),
+                &offer(None)
+            ),
             Verdict::TryClaim { takeover: false }
         ));
     }
@@ -469,7 +531,7 @@ mod tests {
             RecordState::Completed,
             RecordState::Released,
         ] {
-            let verdict = judge(snapshot(record(state, Some(b"a"), 5)), fp(b"b").as_ref());
+            let verdict = judge(snapshot(record(state, Some(b"a"), 5)), &offer(fp(b"b")));
             assert!(matches!(
                 verdict,
                 Verdict::Answer(ClaimOutcome::FingerprintMismatch)
@@ -482,8 +544,34 @@ mod tests {
         let mut expired = record(RecordState::Completed, Some(b"a"), 0);
         expired.expires_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         assert!(matches!(
-            judge(snapshot(expired), fp(b"b").as_ref()),
+            judge(snapshot(expired), &offer(fp(b"b"))),
             Verdict::TryClaim { takeover: false }
+        ));
+    }
+
+    #[test]
+    fn the_live_leases_own_token_gets_that_lease_back_unchanged() {
+        let mut held = record(RecordState::InProgress, None, 7);
+        let retry = offer(None);
+        held.lease_token = Some(retry.lease_token);
+        match judge(snapshot(held.clone()), &retry) {
+            Verdict::Answer(ClaimOutcome::Claimed {
+                lease,
+                took_over: false,
+                retried: true,
+            }) => {
+                assert_eq!(lease.fencing_token, 3);
+                assert_eq!(Some(lease.lease_expires_at), held.lease_expires_at);
+                assert_eq!(lease.expires_at, held.expires_at);
+            }
+            _ => panic!("expected the same lease back"),
+        }
+        // Once that lease has run out, the token is just another Claim's.
+        let mut expired = record(RecordState::InProgress, None, -1);
+        expired.lease_token = Some(retry.lease_token);
+        assert!(matches!(
+            judge(snapshot(expired), &retry),
+            Verdict::TryClaim { takeover: true }
         ));
     }
 }

@@ -87,7 +87,7 @@ fn describe() {
     );
     describe_counter!(
         "idempotency_claims_total",
-        "Claim outcomes: claimed, in_progress, completed (a replay), fingerprint_mismatch."
+        "Claim outcomes: claimed, retried (a retried Claim got its own lease back), in_progress, completed (a replay), fingerprint_mismatch."
     );
     describe_counter!(
         "idempotency_lease_takeovers_total",

@@ -242,7 +242,8 @@ async fn serve<S: Store>(
         config.max_batch_items,
     ))
     .max_decoding_message_size(
-        (config.max_response_bytes + REQUEST_OVERHEAD_BYTES).max(BATCH_REQUEST_BYTES),
+        (config.max_response_bytes.max(config.max_checkpoint_bytes) + REQUEST_OVERHEAD_BYTES)
+            .max(BATCH_REQUEST_BYTES),
     );
 
     let addr = listener.local_addr()?;

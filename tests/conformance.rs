@@ -51,6 +51,7 @@ fn release_request(key: &str, token: &str) -> ReleaseRequest {
         namespace: NS.to_owned(),
         key: key.to_owned(),
         lease_token: token.to_owned(),
+        ..Default::default()
     }
 }
 
@@ -64,6 +65,7 @@ fn extend_request(
         key: key.to_owned(),
         lease_token: token.to_owned(),
         lease_ttl: ttl,
+        ..Default::default()
     }
 }
 
@@ -899,7 +901,11 @@ async fn namespaces_and_keys_are_compared_byte_for_byte(backend: Backend) {
 
 // Rule 10: bad input.
 async fn bad_input_is_invalid_argument_naming_the_field_and_changes_nothing(backend: Backend) {
-    let (store, server) = TestServer::fresh_with(backend, |c| c.max_response_bytes = 1000).await;
+    let (store, server) = TestServer::fresh_with(backend, |c| {
+        c.max_response_bytes = 1000;
+        c.max_checkpoint_bytes = 100;
+    })
+    .await;
     let mut client = server.client.clone();
     let held = claim(&mut client, "held").await;
     let before = get(&mut client, "held").await;
@@ -943,6 +949,16 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_changes_nothing(back
         ("retention", {
             let mut r = claim_request(NS, "held");
             r.retention = secs(30 * 86_400 + 1);
+            r
+        }),
+        ("lease_token", {
+            let mut r = claim_request(NS, "held");
+            r.lease_token = "xyz".into();
+            r
+        }),
+        ("lease_token", {
+            let mut r = claim_request(NS, "held");
+            r.lease_token = token.to_uppercase();
             r
         }),
     ];
@@ -1039,11 +1055,20 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_changes_nothing(back
                 namespace: NS.into(),
                 key: String::new(),
                 lease_token: token.clone(),
+                ..Default::default()
             })
             .await,
         Code::InvalidArgument,
     );
     assert!(status.message().starts_with("key:"), "{status:?}");
+    let mut extend = extend_request("held", &token, None);
+    extend.checkpoint = Some(vec![0; 101]);
+    let status = assert_code(client.extend_lease(extend).await, Code::InvalidArgument);
+    assert!(status.message().starts_with("checkpoint:"), "{status:?}");
+    let mut release = release_request("held", &token);
+    release.checkpoint = Some(vec![0; 101]);
+    let status = assert_code(client.release(release).await, Code::InvalidArgument);
+    assert!(status.message().starts_with("checkpoint:"), "{status:?}");
 
     // Nothing changed: the held key is as it was, and only the two valid
     // claims above added rows.
@@ -1144,6 +1169,12 @@ conformance!(
     bad_input_is_invalid_argument_naming_the_field_and_changes_nothing,
     health_is_serving_for_both_names,
     two_servers_on_one_store_agree_on_a_single_winner,
+    a_claim_repeating_the_live_leases_token_gets_the_same_lease_back,
+    the_callers_token_after_its_lease_ran_out_or_was_released_is_a_new_claim,
+    retries_racing_the_original_claim_all_get_its_lease,
+    a_claim_batch_item_with_its_own_token_is_retry_safe,
+    a_checkpoint_saved_under_a_lease_goes_to_the_next_holder,
+    an_expired_or_purged_record_starts_without_a_checkpoint,
     purge_makes_a_key_claimable_again_and_revokes_a_live_lease,
     claim_batch_answers_every_item_as_its_own_claim_in_order,
     claim_batch_refuses_an_invalid_item_by_index_and_changes_nothing,
@@ -1415,4 +1446,364 @@ async fn concurrent_claim_batches_on_overlapping_keys_give_one_winner_per_key(ba
     }
     assert_eq!(winners.len(), 20);
     assert!(winners.values().all(|&n| n == 1), "{winners:?}");
+}
+
+// Retry-safe Claims: the caller's own lease token.
+
+/// A fresh caller-chosen lease token, as a client makes one per attempt.
+fn own_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+fn claim_with_token(key: &str, token: &str) -> ClaimRequest {
+    ClaimRequest {
+        lease_token: token.to_owned(),
+        ..claim_request(NS, key)
+    }
+}
+
+async fn a_claim_repeating_the_live_leases_token_gets_the_same_lease_back(backend: Backend) {
+    let (_store, server) = TestServer::fresh(backend).await;
+    let mut client = server.client.clone();
+    let token = own_token();
+    let first = claim_with(&mut client, claim_with_token("k", &token)).await;
+    assert_eq!(outcome(&first), Outcome::Claimed);
+    assert_eq!(
+        first.lease_token, token,
+        "the lease carries the caller's token"
+    );
+    assert_eq!(first.fencing_token, 1);
+    assert!(!first.retried);
+    let before = get(&mut client, "k").await;
+
+    // The answer was lost; the caller repeats the request.
+    let retried = claim_with(&mut client, claim_with_token("k", &token)).await;
+    assert_eq!(outcome(&retried), Outcome::Claimed);
+    assert!(retried.retried);
+    assert_eq!(retried.lease_token, first.lease_token);
+    assert_eq!(retried.fencing_token, first.fencing_token);
+    assert_eq!(retried.lease_expires_at, first.lease_expires_at);
+    assert_eq!(retried.expires_at, first.expires_at);
+    assert_eq!(
+        get(&mut client, "k").await,
+        before,
+        "a retried Claim changes nothing: the lease is not extended"
+    );
+
+    // Everyone else is still told the key is in progress.
+    assert_eq!(outcome(&claim(&mut client, "k").await), Outcome::InProgress);
+    let other = claim_with(&mut client, claim_with_token("k", &own_token())).await;
+    assert_eq!(outcome(&other), Outcome::InProgress);
+    assert!(other.lease_token.is_empty());
+
+    // The lease works as any other; once completed, the token replays.
+    client
+        .complete(complete_request("k", &token, b"done"))
+        .await
+        .unwrap();
+    let replay = claim_with(&mut client, claim_with_token("k", &token)).await;
+    assert_eq!(outcome(&replay), Outcome::Completed);
+    assert_eq!(replay.response, b"done");
+    assert!(!replay.retried);
+}
+
+async fn the_callers_token_after_its_lease_ran_out_or_was_released_is_a_new_claim(
+    backend: Backend,
+) {
+    let (_store, server) = TestServer::fresh(backend).await;
+    let mut client = server.client.clone();
+    let token = own_token();
+    let short = ClaimRequest {
+        lease_ttl: secs(1),
+        ..claim_with_token("k", &token)
+    };
+    let first = claim_with(&mut client, short.clone()).await;
+    assert_eq!(outcome(&first), Outcome::Claimed);
+    wait_past(first.lease_expires_at).await;
+    // Run out: the same token claims again as anyone would, with the next
+    // fencing token (nothing says the holder is still at work).
+    let again = claim_with(&mut client, short).await;
+    assert_eq!(outcome(&again), Outcome::Claimed);
+    assert!(!again.retried);
+    assert_eq!(again.fencing_token, 2);
+    assert!(at(&again.lease_expires_at) > at(&first.lease_expires_at));
+    // Released: likewise a new lease.
+    client.release(release_request("k", &token)).await.unwrap();
+    let after_release = claim_with(&mut client, claim_with_token("k", &token)).await;
+    assert_eq!(outcome(&after_release), Outcome::Claimed);
+    assert!(!after_release.retried);
+    assert_eq!(after_release.fencing_token, 3);
+}
+
+async fn retries_racing_the_original_claim_all_get_its_lease(backend: Backend) {
+    let store = StoreFixture::new(backend).await;
+    let a = TestServer::start(store.config()).await;
+    let b = TestServer::start(store.config()).await;
+    for round in 0..3 {
+        let key = format!("k{round}");
+        let token = own_token();
+        // 16 copies of one caller's Claim (the original and its retries, on
+        // either replica) race 16 Claims of other callers.
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(32));
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let mut client = [&a, &b][i % 2].client.clone();
+                let barrier = barrier.clone();
+                let request = if i < 16 {
+                    claim_with_token(&key, &token)
+                } else {
+                    claim_with_token(&key, &own_token())
+                };
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    (i < 16, claim_with(&mut client, request).await)
+                })
+            })
+            .collect();
+        let mut fencing_tokens = Vec::new();
+        let mut others_claimed = 0;
+        for task in tasks {
+            let (mine, response) = task.await.unwrap();
+            if outcome(&response) == Outcome::Claimed {
+                if mine {
+                    assert_eq!(response.lease_token, token);
+                    fencing_tokens.push(response.fencing_token);
+                } else {
+                    others_claimed += 1;
+                }
+            } else {
+                assert_eq!(outcome(&response), Outcome::InProgress, "{response:?}");
+            }
+        }
+        // Either one of the caller's copies won (and every copy got that
+        // lease) or another caller did (and no copy got anything).
+        match others_claimed {
+            0 => assert_eq!(fencing_tokens, vec![1; 16], "round {round}"),
+            1 => assert!(
+                fencing_tokens.is_empty(),
+                "round {round}: {fencing_tokens:?}"
+            ),
+            n => panic!("round {round}: {n} other callers claimed"),
+        }
+    }
+}
+
+async fn a_claim_batch_item_with_its_own_token_is_retry_safe(backend: Backend) {
+    use idempotency_service::grpc::proto::ClaimBatchRequest;
+    let (_store, server) = TestServer::fresh(backend).await;
+    let mut client = server.client.clone();
+    let tokens = [own_token(), own_token()];
+    let batch = ClaimBatchRequest {
+        items: vec![
+            claim_with_token("a", &tokens[0]),
+            claim_with_token("b", &tokens[1]),
+            claim_request(NS, "c"),
+        ],
+    };
+    let first = client
+        .claim_batch(batch.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert!(first.iter().all(|i| outcome(i) == Outcome::Claimed));
+    assert!(first.iter().all(|i| !i.retried));
+    assert_eq!(first[0].lease_token, tokens[0]);
+    assert_eq!(first[1].lease_token, tokens[1]);
+    let again = client.claim_batch(batch).await.unwrap().into_inner().items;
+    for i in 0..2 {
+        assert_eq!(outcome(&again[i]), Outcome::Claimed);
+        assert!(again[i].retried);
+        assert_eq!(again[i].lease_token, first[i].lease_token);
+        assert_eq!(again[i].fencing_token, first[i].fencing_token);
+        assert_eq!(again[i].lease_expires_at, first[i].lease_expires_at);
+    }
+    // The item without a token of its own is not retry-safe.
+    assert_eq!(outcome(&again[2]), Outcome::InProgress);
+}
+
+// Checkpoints: resumable work.
+
+fn extend_saving(
+    key: &str,
+    token: &str,
+    ttl: Option<prost_types::Duration>,
+    data: &[u8],
+) -> ExtendLeaseRequest {
+    ExtendLeaseRequest {
+        checkpoint: Some(data.to_vec()),
+        ..extend_request(key, token, ttl)
+    }
+}
+
+async fn a_checkpoint_saved_under_a_lease_goes_to_the_next_holder(backend: Backend) {
+    let (_store, server) = TestServer::fresh(backend).await;
+    let mut client = server.client.clone();
+    let a = claim(&mut client, "job").await;
+    assert_eq!(
+        (a.checkpoint.as_slice(), a.checkpoint_fencing_token),
+        (&b""[..], 0)
+    );
+
+    client
+        .extend_lease(extend_saving("job", &a.lease_token, None, b"step 1"))
+        .await
+        .unwrap();
+    let seen = get(&mut client, "job").await;
+    assert_eq!(state(&seen), State::InProgress);
+    assert_eq!(
+        (seen.checkpoint.as_slice(), seen.checkpoint_fencing_token),
+        (&b"step 1"[..], 1)
+    );
+    // An ExtendLease without one keeps it.
+    client
+        .extend_lease(extend_request("job", &a.lease_token, None))
+        .await
+        .unwrap();
+    assert_eq!(get(&mut client, "job").await.checkpoint, b"step 1");
+    // The last one saved, with a short lease that then runs out.
+    let extended = client
+        .extend_lease(extend_saving("job", &a.lease_token, secs(1), b"step 2"))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_past(extended.lease_expires_at).await;
+
+    // B takes over and resumes from A's checkpoint.
+    let b = claim(&mut client, "job").await;
+    assert_eq!(outcome(&b), Outcome::Claimed);
+    assert_eq!(b.fencing_token, 2);
+    assert_eq!(
+        (b.checkpoint.as_slice(), b.checkpoint_fencing_token),
+        (&b"step 2"[..], 1)
+    );
+    // A, too late, can no longer save one.
+    assert_code(
+        client
+            .extend_lease(extend_saving("job", &a.lease_token, None, b"stale"))
+            .await,
+        Code::FailedPrecondition,
+    );
+    assert_eq!(get(&mut client, "job").await.checkpoint, b"step 2");
+
+    // B saves its own with the Release; C receives it.
+    let mut release = release_request("job", &b.lease_token);
+    release.checkpoint = Some(b"step 3".to_vec());
+    client.release(release).await.unwrap();
+    let released = get(&mut client, "job").await;
+    assert_eq!(state(&released), State::Released);
+    assert_eq!(
+        (
+            released.checkpoint.as_slice(),
+            released.checkpoint_fencing_token
+        ),
+        (&b"step 3"[..], 2)
+    );
+    let c_token = own_token();
+    let c = claim_with(&mut client, claim_with_token("job", &c_token)).await;
+    assert_eq!(c.fencing_token, 3);
+    assert_eq!(
+        (c.checkpoint.as_slice(), c.checkpoint_fencing_token),
+        (&b"step 3"[..], 2)
+    );
+    // A retried Claim gets the checkpoint too.
+    let c_again = claim_with(&mut client, claim_with_token("job", &c_token)).await;
+    assert!(c_again.retried);
+    assert_eq!(
+        (
+            c_again.checkpoint.as_slice(),
+            c_again.checkpoint_fencing_token
+        ),
+        (&b"step 3"[..], 2)
+    );
+
+    // A Release without one keeps it; an empty one is a checkpoint too.
+    client
+        .release(release_request("job", &c.lease_token))
+        .await
+        .unwrap();
+    let d = claim(&mut client, "job").await;
+    assert_eq!(
+        (d.checkpoint.as_slice(), d.checkpoint_fencing_token),
+        (&b"step 3"[..], 2)
+    );
+    client
+        .extend_lease(extend_saving("job", &d.lease_token, None, b""))
+        .await
+        .unwrap();
+    let emptied = get(&mut client, "job").await;
+    assert_eq!(
+        (
+            emptied.checkpoint.as_slice(),
+            emptied.checkpoint_fencing_token
+        ),
+        (&b""[..], 4)
+    );
+
+    // Complete discards it.
+    client
+        .extend_lease(extend_saving("job", &d.lease_token, None, b"step 4"))
+        .await
+        .unwrap();
+    client
+        .complete(complete_request("job", &d.lease_token, b"done"))
+        .await
+        .unwrap();
+    let done = get(&mut client, "job").await;
+    assert_eq!(state(&done), State::Completed);
+    assert_eq!(
+        (done.checkpoint.as_slice(), done.checkpoint_fencing_token),
+        (&b""[..], 0)
+    );
+}
+
+async fn an_expired_or_purged_record_starts_without_a_checkpoint(backend: Backend) {
+    use idempotency_service::grpc::proto::PurgeRequest;
+    let (_store, server) = TestServer::fresh(backend).await;
+    let mut client = server.client.clone();
+    // Expired: lease and retention both run out.
+    let short = ClaimRequest {
+        lease_ttl: secs(1),
+        retention: secs(1),
+        ..claim_request(NS, "old")
+    };
+    let first = claim_with(&mut client, short).await;
+    let extended = client
+        .extend_lease(extend_saving("old", &first.lease_token, secs(1), b"half"))
+        .await
+        .unwrap()
+        .into_inner();
+    let lease_end = at(&extended.lease_expires_at);
+    let record_end = Some(prost_types::Timestamp::from(
+        lease_end + Duration::from_secs(1),
+    ));
+    wait_past(record_end).await;
+    assert_eq!(state(&get(&mut client, "old").await), State::Absent);
+    let fresh = claim(&mut client, "old").await;
+    assert_eq!(outcome(&fresh), Outcome::Claimed);
+    assert_eq!(
+        (fresh.checkpoint.as_slice(), fresh.checkpoint_fencing_token),
+        (&b""[..], 0)
+    );
+
+    // Purged: the operator asked for the event to be processed afresh.
+    let held = claim(&mut client, "purged").await;
+    client
+        .extend_lease(extend_saving("purged", &held.lease_token, None, b"half"))
+        .await
+        .unwrap();
+    client
+        .purge(PurgeRequest {
+            namespace: NS.into(),
+            key: "purged".into(),
+            reason: "test".into(),
+        })
+        .await
+        .unwrap();
+    let again = claim(&mut client, "purged").await;
+    assert_eq!(outcome(&again), Outcome::Claimed);
+    assert_eq!(
+        (again.checkpoint.as_slice(), again.checkpoint_fencing_token),
+        (&b""[..], 0)
+    );
 }

@@ -38,8 +38,9 @@ async fn every_counter_moves_under_a_scripted_load() {
     let server = ServerProcess::start(serve).await;
     let mut client = server.client();
 
-    // claimed, in_progress, completed (replay), fingerprint_mismatch, a lost
-    // lease, a takeover, an invalid argument, and a record the reaper deletes.
+    // claimed, in_progress, completed (replay), fingerprint_mismatch, a
+    // retried Claim, a lost lease, a takeover, an invalid argument, and a
+    // record the reaper deletes.
     let mut first = claim_request("payments", "a");
     first.fingerprint = b"A".to_vec();
     let a = client.claim(first).await.unwrap().into_inner();
@@ -80,6 +81,17 @@ async fn every_counter_moves_under_a_scripted_load() {
         outcome(&client.claim(other).await.unwrap().into_inner()),
         Outcome::FingerprintMismatch
     );
+    let mut mine = claim_request("payments", "r");
+    mine.lease_token = format!("{:032x}", 7u128);
+    assert!(
+        !client
+            .claim(mine.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .retried
+    );
+    assert!(client.claim(mine).await.unwrap().into_inner().retried);
     let mut short = claim_request("orders", "b");
     short.lease_ttl = secs(1);
     let dying = client.claim(short).await.unwrap().into_inner();
@@ -140,6 +152,10 @@ async fn every_counter_moves_under_a_scripted_load() {
     };
     assert_eq!(
         value("idempotency_claims_total{namespace=\"payments\",outcome=\"claimed\"}"),
+        2.0
+    );
+    assert_eq!(
+        value("idempotency_claims_total{namespace=\"payments\",outcome=\"retried\"}"),
         1.0
     );
     assert_eq!(

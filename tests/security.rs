@@ -220,6 +220,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
                     namespace: "team-b".into(),
                     key: "held".into(),
                     lease_token: held.lease_token.clone(),
+                    ..Default::default()
                 },
             ))
             .await
@@ -235,6 +236,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
                     key: "held".into(),
                     lease_token: held.lease_token.clone(),
                     lease_ttl: None,
+                    ..Default::default()
                 },
             ))
             .await
@@ -312,6 +314,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
                 namespace: "team-b".into(),
                 key: "held".into(),
                 lease_token: held.lease_token,
+                ..Default::default()
             },
         ))
         .await

@@ -411,6 +411,7 @@ impl Caller {
             fingerprint: Vec::new(),
             lease_ttl: lease_ttl.map(proto_duration),
             retention: None,
+            ..Default::default()
         }
     }
 
@@ -596,6 +597,7 @@ impl Caller {
             namespace: self.shared.namespace.clone(),
             key,
             lease_token,
+            ..Default::default()
         };
         let started = Instant::now();
         let result = self.client.release(request).await;
@@ -758,6 +760,7 @@ async fn complete_keys(
             fingerprint: Vec::new(),
             lease_ttl: None,
             retention: None,
+            ..Default::default()
         })
         .collect();
     let mut tasks = tokio::task::JoinSet::new();

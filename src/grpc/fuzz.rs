@@ -152,6 +152,7 @@ proptest! {
             fingerprint: vec![1; 32],
             lease_ttl: Some(prost_types::Duration { seconds: 30, nanos: 0 }),
             retention: Some(prost_types::Duration { seconds: 3600, nanos: 0 }),
+            lease_token: "fedcba9876543210fedcba9876543210".into(),
         };
         let complete = proto::CompleteRequest {
             namespace: "orders".into(),
@@ -170,6 +171,7 @@ proptest! {
                 key: "evt_123".into(),
                 lease_token: "0123456789abcdef0123456789abcdef".into(),
                 lease_ttl: Some(prost_types::Duration { seconds: 30, nanos: 0 }),
+                checkpoint: Some(b"step 2 of 3".to_vec()),
             }
             .encode_to_vec(),
         };
@@ -188,6 +190,7 @@ proptest! {
         fingerprint in proptest::collection::vec(any::<u8>(), 0..80),
         lease_ttl in wire_duration_strategy(),
         retention in wire_duration_strategy(),
+        lease_token in "|[0-9a-f]{32}|[0-9a-fA-Z]{0,40}",
     ) {
         let request = proto::ClaimRequest {
             namespace: namespace.clone(),
@@ -195,6 +198,7 @@ proptest! {
             fingerprint: fingerprint.clone(),
             lease_ttl,
             retention,
+            lease_token: lease_token.clone(),
         };
         let identifier_ok = |s: &str, max: usize| !s.is_empty() && s.len() <= max && !s.contains('\0');
         let duration_ok = |d: &Option<prost_types::Duration>| {
@@ -208,7 +212,10 @@ proptest! {
             && identifier_ok(&key, 512)
             && fingerprint.len() <= 64
             && duration_ok(&lease_ttl)
-            && duration_ok(&retention);
+            && duration_ok(&retention)
+            && (lease_token.is_empty()
+                || (lease_token.len() == 32
+                    && lease_token.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))));
         match parse_claim(request) {
             Ok(parsed) => {
                 prop_assert!(valid, "accepted an invalid claim");
@@ -217,6 +224,10 @@ proptest! {
                 prop_assert_eq!(
                     parsed.fingerprint.map(Fingerprint::into_bytes).unwrap_or_default(),
                     fingerprint
+                );
+                prop_assert_eq!(
+                    parsed.lease_token.map(|t| t.to_string()).unwrap_or_default(),
+                    lease_token
                 );
             }
             Err(error) => {

@@ -269,6 +269,11 @@ fn parse_claim(request: proto::ClaimRequest) -> Result<lifecycle::ClaimRequest, 
         fingerprint: Fingerprint::parse(request.fingerprint)?,
         lease_ttl: duration("lease_ttl", request.lease_ttl)?,
         retention: duration("retention", request.retention)?,
+        // Empty: the server makes the token (a Claim that is not retry-safe).
+        lease_token: match request.lease_token.as_str() {
+            "" => None,
+            token => Some(LeaseToken::parse(token)?),
+        },
     })
 }
 
@@ -318,14 +323,22 @@ fn complete_result(result: Result<SystemTime, Error>) -> proto::CompleteResult {
 fn claim_response(outcome: ClaimOutcome) -> proto::ClaimResponse {
     use proto::{ClaimResponse, Outcome};
     match outcome {
-        ClaimOutcome::Claimed { lease, .. } => ClaimResponse {
-            outcome: Outcome::Claimed as i32,
-            lease_token: lease.lease_token.to_string(),
-            fencing_token: lease.fencing_token,
-            lease_expires_at: timestamp(lease.lease_expires_at),
-            expires_at: timestamp(lease.expires_at),
-            ..Default::default()
-        },
+        ClaimOutcome::Claimed { lease, retried, .. } => {
+            let (checkpoint, checkpoint_fencing_token) = lease
+                .checkpoint
+                .map_or((Vec::new(), 0), |c| (c.data, c.fencing_token));
+            ClaimResponse {
+                outcome: Outcome::Claimed as i32,
+                lease_token: lease.lease_token.to_string(),
+                fencing_token: lease.fencing_token,
+                lease_expires_at: timestamp(lease.lease_expires_at),
+                expires_at: timestamp(lease.expires_at),
+                checkpoint,
+                checkpoint_fencing_token,
+                retried,
+                ..Default::default()
+            }
+        }
         ClaimOutcome::InProgress {
             lease_expires_at,
             retry_after,
@@ -361,6 +374,9 @@ fn get_response(record: Option<Record>) -> proto::GetResponse {
             ..Default::default()
         };
     };
+    let (checkpoint, checkpoint_fencing_token) = record
+        .open_checkpoint()
+        .map_or((Vec::new(), 0), |c| (c.data.clone(), c.fencing_token));
     proto::GetResponse {
         state: wire_state(record.state) as i32,
         fencing_token: record.fencing_token,
@@ -373,6 +389,8 @@ fn get_response(record: Option<Record>) -> proto::GetResponse {
         expires_at: timestamp(record.expires_at),
         created_at: timestamp(record.created_at),
         updated_at: timestamp(record.updated_at),
+        checkpoint,
+        checkpoint_fencing_token,
     }
 }
 
@@ -396,7 +414,10 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         }
         .instrument(span)
         .await;
-        if let Ok(ClaimOutcome::Claimed { lease, took_over }) = &result {
+        if let Ok(ClaimOutcome::Claimed {
+            lease, took_over, ..
+        }) = &result
+        {
             log.fencing_token = Some(lease.fencing_token);
             log.took_over = *took_over;
         }
@@ -435,7 +456,9 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         let result = async {
             let (namespace, key) = namespaced_key(&mut log, request.namespace, request.key)?;
             let token = LeaseToken::parse(&request.lease_token)?;
-            self.lifecycle.release(namespace, key, token).await
+            self.lifecycle
+                .release(namespace, key, token, request.checkpoint)
+                .await
         }
         .instrument(span)
         .await;
@@ -453,7 +476,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
             let token = LeaseToken::parse(&request.lease_token)?;
             let lease_ttl = duration("lease_ttl", request.lease_ttl)?;
             self.lifecycle
-                .extend_lease(namespace, key, token, lease_ttl)
+                .extend_lease(namespace, key, token, lease_ttl, request.checkpoint)
                 .await
         }
         .instrument(span)

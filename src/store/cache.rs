@@ -379,8 +379,9 @@ impl<S: Store> Store for Cached<S> {
         namespace: &Namespace,
         key: &Key,
         token: &LeaseToken,
+        checkpoint: Option<&[u8]>,
     ) -> Result<bool, Error> {
-        self.inner.release(namespace, key, token).await
+        self.inner.release(namespace, key, token, checkpoint).await
     }
 
     async fn extend_lease(
@@ -389,9 +390,10 @@ impl<S: Store> Store for Cached<S> {
         key: &Key,
         token: &LeaseToken,
         lease_ttl: Duration,
+        checkpoint: Option<&[u8]>,
     ) -> Result<Option<SystemTime>, Error> {
         self.inner
-            .extend_lease(namespace, key, token, lease_ttl)
+            .extend_lease(namespace, key, token, lease_ttl, checkpoint)
             .await
     }
 
@@ -458,6 +460,7 @@ mod tests {
                 expires_at: now + expires_in,
                 created_at: now,
                 updated_at: now,
+                checkpoint: None,
             }),
         }
     }

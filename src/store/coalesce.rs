@@ -291,8 +291,9 @@ impl<S: Store> Store for Coalesced<S> {
         namespace: &Namespace,
         key: &Key,
         token: &LeaseToken,
+        checkpoint: Option<&[u8]>,
     ) -> Result<bool, Error> {
-        self.inner.release(namespace, key, token).await
+        self.inner.release(namespace, key, token, checkpoint).await
     }
 
     async fn extend_lease(
@@ -301,9 +302,10 @@ impl<S: Store> Store for Coalesced<S> {
         key: &Key,
         token: &LeaseToken,
         lease_ttl: Duration,
+        checkpoint: Option<&[u8]>,
     ) -> Result<Option<SystemTime>, Error> {
         self.inner
-            .extend_lease(namespace, key, token, lease_ttl)
+            .extend_lease(namespace, key, token, lease_ttl, checkpoint)
             .await
     }
 

@@ -45,15 +45,18 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Takes the key if, at the instant of the statement, it is absent,
     /// expired, released, or in progress under an expired lease, and its
-    /// fingerprint does not conflict. `None` when it was not claimable.
+    /// fingerprint does not conflict. `None` when it was not claimable. A
+    /// released or expired lease's checkpoint comes with the new lease; an
+    /// expired record starts without one.
     fn try_claim(
         &self,
         lease: &NewLease,
     ) -> impl Future<Output = Result<Option<Lease>, Error>> + Send;
 
     /// Completes an unexpired in-progress record held by `token` (its lease may
-    /// have run out, as long as nobody took it). Returns the new `expires_at`,
-    /// or `None` when the record was not in that state.
+    /// have run out, as long as nobody took it), discarding its checkpoint.
+    /// Returns the new `expires_at`, or `None` when the record was not in that
+    /// state.
     fn complete(
         &self,
         namespace: &Namespace,
@@ -63,23 +66,27 @@ pub trait Store: Clone + Send + Sync + 'static {
         retention: Option<Duration>,
     ) -> impl Future<Output = Result<Option<SystemTime>, Error>> + Send;
 
-    /// Releases an unexpired in-progress record held by `token`. `false` when
-    /// the record was not in that state.
+    /// Releases an unexpired in-progress record held by `token`, saving
+    /// `checkpoint` (under the lease's fencing token) when there is one.
+    /// `false` when the record was not in that state.
     fn release(
         &self,
         namespace: &Namespace,
         key: &Key,
         token: &LeaseToken,
+        checkpoint: Option<&[u8]>,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// Moves the lease of an unexpired in-progress record held by `token` to
-    /// now + `lease_ttl`. Returns the new lease expiry, or `None`.
+    /// now + `lease_ttl`, saving `checkpoint` (under the lease's fencing
+    /// token) when there is one. Returns the new lease expiry, or `None`.
     fn extend_lease(
         &self,
         namespace: &Namespace,
         key: &Key,
         token: &LeaseToken,
         lease_ttl: Duration,
+        checkpoint: Option<&[u8]>,
     ) -> impl Future<Output = Result<Option<SystemTime>, Error>> + Send;
 
     /// A Claim's first step in one round trip where the store can: inserts

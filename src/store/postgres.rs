@@ -24,8 +24,8 @@ use super::{
     Budget, FirstClaim, PoolStatus, PurgeEvent, StateCount, Store, StoreOptions, StoreStats, micros,
 };
 use crate::domain::{
-    Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState,
-    Snapshot,
+    Checkpoint, Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record,
+    RecordState, Snapshot,
 };
 use crate::error::Error;
 
@@ -34,7 +34,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 /// The record columns, in the order `record_from_row` reads them.
 const FETCH: &str = "
 SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
-       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at
+       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at,
+       r.checkpoint, r.checkpoint_fencing
 FROM (SELECT 1) AS clock
 LEFT JOIN idempotency_records AS r ON r.namespace = $1 AND r.key = $2";
 
@@ -48,7 +49,8 @@ LEFT JOIN idempotency_records AS r ON r.namespace = $1 AND r.key = $2";
 /// flattened into such a join.
 const FETCH_MANY: &str = "
 SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
-       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at
+       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at,
+       r.checkpoint, r.checkpoint_fencing
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS i(namespace, key, ord)
 LEFT JOIN LATERAL (
     SELECT * FROM idempotency_records AS x
@@ -78,11 +80,13 @@ WITH inserted AS (
 SELECT true AS inserted, now() AS now, NULL::int2 AS state, i.fencing_token,
        NULL::bytea AS lease_token, NULL::bytea AS fingerprint, NULL::bytea AS response,
        NULL::int8 AS retention_us, i.lease_expires_at, i.expires_at,
-       NULL::timestamptz AS created_at, NULL::timestamptz AS updated_at
+       NULL::timestamptz AS created_at, NULL::timestamptz AS updated_at,
+       NULL::bytea AS checkpoint, NULL::int8 AS checkpoint_fencing
 FROM inserted AS i
 UNION ALL
 SELECT false, now(), r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
-       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at
+       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at,
+       r.checkpoint, r.checkpoint_fencing
 FROM idempotency_records AS r
 WHERE r.namespace = $1 AND r.key = $2 AND NOT EXISTS (SELECT FROM inserted)";
 
@@ -113,7 +117,8 @@ SELECT i.ord, n.key IS NOT NULL AS inserted, now() AS now, r.state,
        coalesce(n.fencing_token, r.fencing_token) AS fencing_token, r.lease_token,
        r.fingerprint, r.response, r.retention_us,
        coalesce(n.lease_expires_at, r.lease_expires_at) AS lease_expires_at,
-       coalesce(n.expires_at, r.expires_at) AS expires_at, r.created_at, r.updated_at
+       coalesce(n.expires_at, r.expires_at) AS expires_at, r.created_at, r.updated_at,
+       r.checkpoint, r.checkpoint_fencing
 FROM input AS i
 LEFT JOIN inserted AS n ON n.namespace = i.namespace COLLATE \"C\" AND n.key = i.key COLLATE \"C\"
 LEFT JOIN LATERAL (
@@ -148,17 +153,22 @@ ON CONFLICT (namespace, key) DO UPDATE SET
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
     created_at = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at END,
-    updated_at = now()
+    updated_at = now(),
+    checkpoint = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.checkpoint END,
+    checkpoint_fencing = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.checkpoint_fencing END
 WHERE r.expires_at <= now()
    OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= now()))
        AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
             OR r.fingerprint = excluded.fingerprint))
-RETURNING namespace, key, fencing_token, lease_expires_at, expires_at";
+RETURNING namespace, key, fencing_token, lease_expires_at, expires_at, checkpoint,
+          checkpoint_fencing";
 
 /// Inserts a new key, or takes over an existing row that is expired, released,
 /// or in progress under an expired lease, unless its fingerprint conflicts.
-/// An expired row starts afresh (its fingerprint and creation time are
-/// replaced) but keeps counting fencing tokens until the reaper deletes it.
+/// An expired row starts afresh (its fingerprint, creation time and
+/// checkpoint are replaced) but keeps counting fencing tokens until the
+/// reaper deletes it; a lease taken over keeps its checkpoint for the new
+/// holder.
 const TRY_CLAIM: &str = "
 INSERT INTO idempotency_records AS r
     (namespace, key, state, fencing_token, lease_token, fingerprint, response, retention_us,
@@ -178,12 +188,14 @@ ON CONFLICT (namespace, key) DO UPDATE SET
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
     created_at = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at END,
-    updated_at = now()
+    updated_at = now(),
+    checkpoint = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.checkpoint END,
+    checkpoint_fencing = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.checkpoint_fencing END
 WHERE r.expires_at <= now()
    OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= now()))
        AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
             OR r.fingerprint = excluded.fingerprint))
-RETURNING fencing_token, lease_expires_at, expires_at";
+RETURNING fencing_token, lease_expires_at, expires_at, checkpoint, checkpoint_fencing";
 
 /// The lease holder's guard shared by Complete, Release and ExtendLease: the
 /// record is unexpired, in progress, and the token is the current one. The
@@ -193,7 +205,7 @@ const COMPLETE: &str = "
 UPDATE idempotency_records
 SET state = 2, response = $4, lease_expires_at = NULL,
     expires_at = now() + coalesce($5, retention_us)::float8 * interval '1 microsecond',
-    updated_at = now()
+    updated_at = now(), checkpoint = NULL, checkpoint_fencing = NULL
 WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
 RETURNING expires_at";
 
@@ -204,18 +216,26 @@ SELECT item, new_expires_at FROM idempotency_complete_many($1, $2, $3, $4, $5)";
 
 /// Released records stay for their retention, so a late duplicate with another
 /// payload is still told about the mismatch, and the fencing counter goes on.
+/// A checkpoint given ($4 not NULL) is saved under the lease's fencing token.
 const RELEASE: &str = "
 UPDATE idempotency_records
 SET state = 3, lease_expires_at = NULL,
     expires_at = now() + retention_us::float8 * interval '1 microsecond',
-    updated_at = now()
+    updated_at = now(),
+    checkpoint = coalesce($4::bytea, checkpoint),
+    checkpoint_fencing = CASE WHEN $4::bytea IS NULL THEN checkpoint_fencing
+                              ELSE fencing_token END
 WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()";
 
+/// Like RELEASE, a checkpoint given ($5 not NULL) is saved with the lease.
 const EXTEND_LEASE: &str = "
 UPDATE idempotency_records
 SET lease_expires_at = now() + $4::float8 * interval '1 microsecond',
     expires_at = now() + ($4 + retention_us)::float8 * interval '1 microsecond',
-    updated_at = now()
+    updated_at = now(),
+    checkpoint = coalesce($5::bytea, checkpoint),
+    checkpoint_fencing = CASE WHEN $5::bytea IS NULL THEN checkpoint_fencing
+                              ELSE fencing_token END
 WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
 RETURNING lease_expires_at";
 
@@ -667,7 +687,17 @@ fn lease_from_row(row: &PgRow, lease_token: LeaseToken) -> Result<Lease, Error> 
         fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
         lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
         expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+        checkpoint: checkpoint_from_row(row)?,
     })
+}
+
+/// The checkpoint columns of a row (NULL for a key that has none).
+fn checkpoint_from_row(row: &PgRow) -> Result<Option<Checkpoint>, Error> {
+    let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+    Ok(Checkpoint::from_stored(
+        row.try_get("checkpoint").map_err(get)?,
+        row.try_get("checkpoint_fencing").map_err(get)?,
+    ))
 }
 
 /// StoreStats from the rows of STATS_LIVE (or its sample) and STATS_SUMMARY
@@ -737,6 +767,7 @@ fn snapshot_from_row(row: &PgRow) -> Result<Snapshot, Error> {
         expires_at: system_time(row.try_get("expires_at").map_err(get)?),
         created_at: system_time(row.try_get("created_at").map_err(get)?),
         updated_at: system_time(row.try_get("updated_at").map_err(get)?),
+        checkpoint: checkpoint_from_row(row)?,
     };
     Ok(Snapshot {
         now,
@@ -989,6 +1020,7 @@ impl Store for PostgresStore {
         namespace: &Namespace,
         key: &Key,
         token: &LeaseToken,
+        checkpoint: Option<&[u8]>,
     ) -> Result<bool, Error> {
         let done = self
             .budget
@@ -998,6 +1030,7 @@ impl Store for PostgresStore {
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(token.as_bytes().as_slice())
+                    .bind(checkpoint)
                     .execute(conn)),
             )
             .await?;
@@ -1010,6 +1043,7 @@ impl Store for PostgresStore {
         key: &Key,
         token: &LeaseToken,
         lease_ttl: Duration,
+        checkpoint: Option<&[u8]>,
     ) -> Result<Option<SystemTime>, Error> {
         let lease_expires_at: Option<OffsetDateTime> = self
             .budget
@@ -1020,6 +1054,7 @@ impl Store for PostgresStore {
                     .bind(key.as_str())
                     .bind(token.as_bytes().as_slice())
                     .bind(micros(lease_ttl))
+                    .bind(checkpoint)
                     .fetch_optional(conn)),
             )
             .await?;

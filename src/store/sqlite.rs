@@ -26,7 +26,8 @@ use sqlx::{ConnectOptions, Row};
 
 use super::{Budget, PoolStatus, StateCount, Store, StoreOptions, StoreStats, micros};
 use crate::domain::{
-    Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState, Snapshot,
+    Checkpoint, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState,
+    Snapshot,
 };
 use crate::error::Error;
 
@@ -34,7 +35,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 
 const FETCH: &str = "
 SELECT state, fencing_token, lease_token, fingerprint, response, retention_us,
-       lease_expires_at, expires_at, created_at, updated_at
+       lease_expires_at, expires_at, created_at, updated_at, checkpoint, checkpoint_fencing
 FROM idempotency_records WHERE namespace = ?1 AND key = ?2";
 
 /// The same rule as PostgreSQL's TRY_CLAIM (see there); `?7` is now.
@@ -54,28 +55,37 @@ ON CONFLICT (namespace, key) DO UPDATE SET
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
     created_at = CASE WHEN r.expires_at <= ?7 THEN ?7 ELSE r.created_at END,
-    updated_at = ?7
+    updated_at = ?7,
+    checkpoint = CASE WHEN r.expires_at <= ?7 THEN NULL ELSE r.checkpoint END,
+    checkpoint_fencing = CASE WHEN r.expires_at <= ?7 THEN NULL ELSE r.checkpoint_fencing END
 WHERE r.expires_at <= ?7
    OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= ?7))
        AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
             OR r.fingerprint = excluded.fingerprint))
-RETURNING fencing_token, lease_expires_at, expires_at";
+RETURNING fencing_token, lease_expires_at, expires_at, checkpoint, checkpoint_fencing";
 
 const COMPLETE: &str = "
 UPDATE idempotency_records
 SET state = 2, response = ?4, lease_expires_at = NULL,
-    expires_at = ?6 + coalesce(?5, retention_us), updated_at = ?6
+    expires_at = ?6 + coalesce(?5, retention_us), updated_at = ?6,
+    checkpoint = NULL, checkpoint_fencing = NULL
 WHERE namespace = ?1 AND key = ?2 AND state = 1 AND lease_token = ?3 AND expires_at > ?6
 RETURNING expires_at";
 
+/// A checkpoint given (?5 not NULL) is saved under the lease's fencing token.
 const RELEASE: &str = "
 UPDATE idempotency_records
-SET state = 3, lease_expires_at = NULL, expires_at = ?4 + retention_us, updated_at = ?4
+SET state = 3, lease_expires_at = NULL, expires_at = ?4 + retention_us, updated_at = ?4,
+    checkpoint = coalesce(?5, checkpoint),
+    checkpoint_fencing = CASE WHEN ?5 IS NULL THEN checkpoint_fencing ELSE fencing_token END
 WHERE namespace = ?1 AND key = ?2 AND state = 1 AND lease_token = ?3 AND expires_at > ?4";
 
+/// As in RELEASE, a checkpoint given (?6 not NULL) is saved with the lease.
 const EXTEND_LEASE: &str = "
 UPDATE idempotency_records
-SET lease_expires_at = ?5 + ?4, expires_at = ?5 + ?4 + retention_us, updated_at = ?5
+SET lease_expires_at = ?5 + ?4, expires_at = ?5 + ?4 + retention_us, updated_at = ?5,
+    checkpoint = coalesce(?6, checkpoint),
+    checkpoint_fencing = CASE WHEN ?6 IS NULL THEN checkpoint_fencing ELSE fencing_token END
 WHERE namespace = ?1 AND key = ?2 AND state = 1 AND lease_token = ?3 AND expires_at > ?5
 RETURNING lease_expires_at";
 
@@ -219,7 +229,17 @@ fn record_from_row(row: &SqliteRow) -> Result<Record, Error> {
         expires_at: system_time(row.try_get("expires_at").map_err(get)?),
         created_at: system_time(row.try_get("created_at").map_err(get)?),
         updated_at: system_time(row.try_get("updated_at").map_err(get)?),
+        checkpoint: checkpoint_from_row(row)?,
     })
+}
+
+/// The checkpoint columns of a row (NULL for a key that has none).
+fn checkpoint_from_row(row: &SqliteRow) -> Result<Option<Checkpoint>, Error> {
+    let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+    Ok(Checkpoint::from_stored(
+        row.try_get("checkpoint").map_err(get)?,
+        row.try_get("checkpoint_fencing").map_err(get)?,
+    ))
 }
 
 impl Store for SqliteStore {
@@ -271,6 +291,7 @@ impl Store for SqliteStore {
                 fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
                 lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
                 expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+                checkpoint: checkpoint_from_row(&row)?,
             })
         })
         .transpose()
@@ -307,6 +328,7 @@ impl Store for SqliteStore {
         namespace: &Namespace,
         key: &Key,
         token: &LeaseToken,
+        checkpoint: Option<&[u8]>,
     ) -> Result<bool, Error> {
         let done = self
             .budget
@@ -317,6 +339,7 @@ impl Store for SqliteStore {
                     .bind(key.as_str())
                     .bind(token.as_bytes().as_slice())
                     .bind(now_us())
+                    .bind(checkpoint)
                     .execute(&mut *conn)
                     .await
             })
@@ -330,6 +353,7 @@ impl Store for SqliteStore {
         key: &Key,
         token: &LeaseToken,
         lease_ttl: Duration,
+        checkpoint: Option<&[u8]>,
     ) -> Result<Option<SystemTime>, Error> {
         let lease_expires_at: Option<i64> = self
             .budget
@@ -341,6 +365,7 @@ impl Store for SqliteStore {
                     .bind(token.as_bytes().as_slice())
                     .bind(micros(lease_ttl))
                     .bind(now_us())
+                    .bind(checkpoint)
                     .fetch_optional(&mut *conn)
                     .await
             })

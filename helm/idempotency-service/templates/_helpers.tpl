@@ -112,6 +112,8 @@ the server refuses both variables at once, so DATABASE_URL is then not set.
   value: {{ .maxRetention | quote }}
 - name: IDEMPOTENCY_MAX_RESPONSE_BYTES
   value: {{ .maxResponseBytes | int64 | quote }}
+- name: IDEMPOTENCY_MAX_CHECKPOINT_BYTES
+  value: {{ .maxCheckpointBytes | int64 | quote }}
 - name: IDEMPOTENCY_REAPER_INTERVAL
   value: {{ .reaperInterval | quote }}
 - name: IDEMPOTENCY_REAPER_BATCH_SIZE
