@@ -19,7 +19,7 @@ import {
   Unavailable,
   type ClientOptions,
 } from "../src";
-import { startServer, type RunningServer } from "../src/testing";
+import { freePort, startServer, type RunningServer } from "../src/testing";
 import { until } from "./helpers";
 
 // dist/test/security.test.js -> clients/testdata
@@ -190,6 +190,20 @@ describe("authentication and TLS", () => {
     await client.complete(ns, "k", claim.leaseToken, "tls");
     const replay = await client.claim(ns, "k");
     assert.equal(replay.outcome === "COMPLETED" && replay.response.toString(), "tls");
+    await assert.rejects(client.claim(unique("billing"), "k"), PermissionDenied);
+  });
+
+  test("TLS and a token with several addresses, one of them down", async () => {
+    const dead = `127.0.0.1:${await freePort()}`;
+    const targets = [dead, secure!.target, secure!.target.replace("127.0.0.1", "localhost")];
+    const client = new IdempotencyClient(targets, { token: ORDERS_TOKEN, tls: { rootCerts: pem("ca.pem") } });
+    clients.push(client);
+    const ns = unique("orders");
+    for (let i = 0; i < 6; i++) {
+      const claim = await client.claim(ns, `k${i}`);
+      assert.equal(claim.outcome, "CLAIMED");
+      if (claim.outcome === "CLAIMED") await client.complete(ns, `k${i}`, claim.leaseToken, "tls");
+    }
     await assert.rejects(client.claim(unique("billing"), "k"), PermissionDenied);
   });
 
