@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Cross-language test: one idempotency-service, the Python and the Node clients
-# against it; a key completed from Python is replayed to Node and the reverse,
-# with the same derived keys and fingerprints. Builds both clients first (into
-# clients/python/.venv and clients/node/node_modules). Run from anywhere.
+# Cross-language test: one idempotency-service, the Python, Node, Go and Java
+# clients against it; a key completed from Python is replayed to Node, Go and
+# Java and the reverse, with the same derived keys and fingerprints. Builds the
+# Python and Node clients first (into clients/python/.venv and
+# clients/node/node_modules); the Go and Java tests build their sides
+# themselves (clients/go/build.sh, clients/java/build.sh, with Debian's Go and
+# Java packages). Run from anywhere.
 #
 #   IDEMPOTENCY_BIN   the server binary (default: target/release/idempotency-service)
 set -euo pipefail
@@ -18,4 +21,5 @@ export IDEMPOTENCY_BIN="$bin"
 bash "$repo/clients/python/setup-venv.sh"
 bash "$repo/clients/node/setup.sh"
 cd "$repo/clients/cross-language"
-exec "$repo/clients/python/.venv/bin/python" -m pytest -p no:cacheprovider test_cross_language.py
+exec "$repo/clients/python/.venv/bin/python" -m pytest -p no:cacheprovider \
+  test_cross_language.py test_cross_language_go.py test_cross_language_java.py

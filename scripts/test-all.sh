@@ -3,17 +3,22 @@
 #   1. one release build, shared by everything below;
 #   2. the Rust suites (unit tests, the conformance suite on PostgreSQL and
 #      SQLite, outages, crashes, the binary) with cargo-nextest;
-#   3. the client suites (Python, TypeScript, Go, cross-language), each against
-#      the real server binary, and a newcomer's quick start (a fresh clone, both
-#      clients installed as the docs say, the docs' snippets run);
-#   4. the benchmark scripts' smoke runs (compare.sh: the hand-written SQL,
+#   3. the client suites (Python, TypeScript, Go, Java, cross-language), each
+#      against the real server binary, and a newcomer's quick start (a fresh
+#      clone, both clients installed as the docs say, the docs' snippets run);
+#   4. the examples (examples/), each against the real server and the real
+#      broker: a webhook receiver, RabbitMQ consumers in Python and Go, a NATS
+#      JetStream consumer in TypeScript, consumers killed and redelivered;
+#   5. the benchmark scripts' smoke runs (compare.sh: the hand-written SQL,
 #      pgbench and idempotency-bench, briefly; large-table.sh on small tables;
 #      callgrind.sh for 100 cycles);
-#   5. the deployment checks (Helm chart, proto lint and breaking changes).
+#   6. the deployment checks (Helm chart, proto lint and breaking changes).
 #
 # Needs PostgreSQL on 127.0.0.1:5432 with trust auth for user postgres
-# (TEST_POSTGRES_URL overrides). Each step installs what it lacks (pip and npm
-# packages into gitignored folders; Debian packages for Go and Node).
+# (TEST_POSTGRES_URL overrides), RabbitMQ on 127.0.0.1:5672 (guest/guest) and
+# NATS with JetStream on 127.0.0.1:4222 (.ci/run starts them when they are
+# down). Each step installs what it lacks (pip and npm packages into gitignored
+# folders; Debian packages for Go, Java and Node).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,8 +47,19 @@ step "Cross-language (Python <-> Node)"
 bash clients/cross-language-test.sh
 step "Quick start (a fresh clone, the docs' install commands and snippets)"
 bash scripts/check-quickstart.sh
-step "Go example"
+step "Go package and example"
 bash clients/go/run-tests.sh
+step "Java client"
+bash clients/java/run-tests.sh
+
+step "Example: webhook receiver (Python, FastAPI)"
+bash examples/webhook-python/run-tests.sh
+step "Example: RabbitMQ consumer (Python), killed and redelivered"
+bash examples/rabbitmq-python/run-tests.sh
+step "Example: RabbitMQ consumer (Go), killed and redelivered"
+bash examples/rabbitmq-go/run-tests.sh
+step "Example: NATS JetStream consumer (TypeScript)"
+bash examples/nats-typescript/run-tests.sh
 
 step "Benchmark scripts (smoke: pgbench and the load generator, 1 s per point)"
 # Each makes its own throwaway PostgreSQL cluster (initdb), as a full run does.
