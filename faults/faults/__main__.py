@@ -1,0 +1,32 @@
+"""python -m faults [--ci] [--duration S] [--list] [SCENARIO...]"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+from .runner import discover, run_all
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="faults", description="fault-injection scenarios against idempotency-service")
+    parser.add_argument("scenarios", nargs="*", help="scenario names (default: all)")
+    parser.add_argument("--ci", action="store_true", help="bounded run: a few seconds of load per scenario")
+    parser.add_argument("--duration", type=float, default=None, help="seconds of load per scenario")
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    args = parser.parse_args()
+    if args.list:
+        for name, scenario in discover().items():
+            print(f"{name:18} {scenario if isinstance(scenario, str) else getattr(scenario, 'description', '')}")
+        return 0
+    command = "faults/run.sh" + (" --ci" if args.ci else "") + (f" --duration {args.duration:g}" if args.duration else "")
+    started = time.monotonic()
+    ok, reports = asyncio.run(run_all(args.scenarios, args.ci, args.duration, command))
+    print(f"faults: {len(reports)} scenario(s) in {time.monotonic() - started:.0f} s: {'all ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

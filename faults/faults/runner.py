@@ -1,0 +1,185 @@
+"""Runs scenarios: sets up the cluster, the replicas and the ledger, runs the
+workload with the scenario's fault, checks the history, cleans up."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import pathlib
+import pkgutil
+import shutil
+import tempfile
+import time
+import traceback
+from typing import Dict, List, Optional, Tuple
+
+from . import scenarios as scenarios_pkg
+from .checker import COUNTS, Report, check
+from .cluster import PgCluster
+from .scenario import Env
+from .workload import History, Ledger, Options, Workload
+
+OUT = pathlib.Path(__file__).resolve().parents[1] / "out"
+
+#: seconds of load per scenario in --ci
+CI_DURATION = 4.0
+#: seconds of load per scenario otherwise
+DEFAULT_DURATION = 20.0
+
+
+def discover() -> Dict[str, object]:
+    """Every module in faults/scenarios/ that exports SCENARIO, by name.
+    A module that fails to import is returned as the error text."""
+    found: Dict[str, object] = {}
+    for info in sorted(pkgutil.iter_modules(scenarios_pkg.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        try:
+            module = importlib.import_module(f"{scenarios_pkg.__name__}.{info.name}")
+        except Exception:
+            found[info.name] = f"import failed:\n{traceback.format_exc()}"
+            continue
+        scenario = getattr(module, "SCENARIO", None)
+        if scenario is not None:
+            found[getattr(scenario, "name", info.name)] = scenario
+    return found
+
+
+async def run_scenario(scenario, ci: bool, duration: Optional[float], command: str) -> Report:
+    options = Options(**getattr(scenario, "workload", {}) or {})
+    if duration is not None:
+        options.duration = duration
+    elif ci:
+        options.duration = getattr(scenario, "ci_duration", None) or CI_DURATION
+    elif "duration" not in (getattr(scenario, "workload", {}) or {}):
+        options.duration = DEFAULT_DURATION
+    tmpdir = pathlib.Path(tempfile.mkdtemp(prefix=f"faults-{scenario.name}-"))
+    history = History()
+    env = Env(scenario, ci, tmpdir, history, options)
+    ledger = Ledger()
+    workload: Optional[Workload] = None
+    errors: List[str] = []
+    report: Optional[Report] = None
+    started = time.monotonic()
+    try:
+        reason = scenario.available() if hasattr(scenario, "available") else None
+        if reason:
+            raise RuntimeError(f"cannot run here: {reason}")
+        if scenario.store == "postgres":
+            env.pg = PgCluster()  # its own temp folder (owned by postgres when root)
+            await asyncio.to_thread(env.pg.start)
+            await asyncio.to_thread(env.pg.psql, "CREATE DATABASE idempotency")
+            env.database_url = env.pg.database_url("idempotency")
+        await ledger.open()
+        await scenario.prepare(env)
+        await env.start_replicas()
+        history.t0 = time.monotonic()  # time 0: the load starts
+        history.wall0 = time.time()
+        workload = Workload(env.targets, options, history, ledger, namespace=f"faults-{scenario.name}")
+        await workload.start()
+        inject = asyncio.create_task(scenario.inject(env))
+        limit = options.duration + 120
+        try:
+            await asyncio.wait_for(asyncio.shield(inject), limit)
+        except asyncio.TimeoutError:
+            inject.cancel()
+            errors.append(f"inject() still running after {limit:.0f} s")
+        end = max(options.duration, history.now() + options.tail)
+        await asyncio.sleep(max(0.0, end - history.now()))
+        await workload.stop_load()
+        await workload.final_check()
+        if inject.done() and not inject.cancelled() and inject.exception() is not None:
+            raise inject.exception()
+    except Exception:
+        errors.append(f"scenario error:\n{traceback.format_exc()}")
+    finally:
+        if workload is not None:
+            try:
+                await workload.close()
+            except Exception:
+                pass
+        report = check(history, scenario.name)
+        report.notes.update(env.notes)
+        report.command = command
+        if not errors:
+            try:
+                report.failures.extend(scenario.expect(report) or [])
+            except AssertionError as error:
+                report.failures.append(f"expect: {error}")
+            except Exception:
+                report.failures.append(f"expect() raised:\n{traceback.format_exc()}")
+        try:
+            await scenario.cleanup(env)
+        except Exception:
+            errors.append(f"cleanup() raised:\n{traceback.format_exc()}")
+        errors.extend(await env.run_cleanups())
+        for replica in env.replicas:
+            replica.stop_now()
+        if env.pg is not None:
+            await asyncio.to_thread(env.pg.destroy)
+        await ledger.close()
+        OUT.mkdir(exist_ok=True)
+        try:
+            history.dump(OUT / f"{scenario.name}.history.jsonl")
+            logs = OUT / f"{scenario.name}.logs"
+            shutil.rmtree(logs, ignore_errors=True)
+            if (tmpdir / "logs").exists():
+                shutil.copytree(tmpdir / "logs", logs)
+            if env.pg is not None and env.pg.logfile.exists():
+                shutil.copy(env.pg.logfile, logs / "postgres.log") if logs.exists() else None
+        except Exception:
+            pass
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    report.failures = errors + report.failures
+    report.notes["wall_s"] = round(time.monotonic() - started, 1)
+    (OUT / f"{scenario.name}.json").write_text(json.dumps(report.summary(), indent=2, default=str))
+    return report
+
+
+def fmt(value, digits=3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_report(report: Report) -> None:
+    status = "ok" if report.ok else "FAILED"
+    counts = " ".join(f"{k}={v}" for k, v in report.counts.items())
+    print(f"== {report.scenario}: {status}", flush=True)
+    print(f"   calls={report.calls} attempts={report.attempts} keys={report.keys} load={report.load_s}s "
+          f"failed_calls={report.failed_calls} recovery={fmt(report.recovery_s)}s "
+          f"p50={fmt(report.latency['p50'])}s p99={fmt(report.latency['p99'])}s max={fmt(report.latency['max'])}s")
+    print(f"   errors={report.errors or {}} attempt_errors={report.attempt_errors or {}}")
+    print(f"   counts: {counts}")
+    if report.counters:
+        print(f"   workload: {report.counters}")
+    if report.notes:
+        print(f"   notes: {json.dumps(report.notes, default=str)}")
+    for name, examples in report.examples.items():
+        for example in examples:
+            print(f"   {name}: {example}")
+    for failure in report.failures:
+        print("   FAILED: " + failure.replace("\n", "\n           "))
+
+
+async def run_all(names: List[str], ci: bool, duration: Optional[float], command: str) -> Tuple[bool, List[Report]]:
+    found = discover()
+    selected = names or list(found)
+    unknown = [n for n in selected if n not in found]
+    if unknown:
+        print(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(found)}")
+        return False, []
+    ok = True
+    reports = []
+    for name in selected:
+        scenario = found[name]
+        if isinstance(scenario, str):
+            print(f"== {name}: FAILED\n   {scenario}")
+            ok = False
+            continue
+        print(f"-- {name}: {getattr(scenario, 'description', '')}", flush=True)
+        cmd = f"{command} {name}".strip()
+        report = await run_scenario(scenario, ci, duration, cmd)
+        print_report(report)
+        reports.append(report)
+        ok = ok and report.ok
+    return ok, reports

@@ -1,0 +1,437 @@
+"""The workload with a history.
+
+Simulated consumers (asyncio tasks) process events. Each event key is
+delivered `deliveries` times, the first two at once (two consumers race for
+it), the others a moment later. A consumer Claims the key (retry-safe: its own
+lease token, the same on every attempt of that Claim), applies the effect,
+then Completes. Some consumers fail and Release; some vanish after the Claim
+(no Complete, no Release: the lease runs out and a redelivery takes the key
+over). A delivery that finds the key IN_PROGRESS, or whose call failed, is
+redelivered later, as a broker would.
+
+The effect is a row in a ledger table in a separate database (a fresh one on
+the machine's main PostgreSQL), written only when its fencing token is higher
+than any the ledger holds for the key: one guarded upsert; a refused write is
+recorded, and its consumer Releases.
+
+Every logical call is recorded (op, key, start, end, answer or error code,
+attempts) and so is every attempt (a grpc.aio interceptor per address: start,
+end, target, code), with times in seconds since the run started
+(History.now()).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import json
+import random
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+
+import asyncpg
+import grpc
+import grpc.aio
+from idempotency_client import AsyncIdempotencyClient, IdempotencyError, Outcome, RetryPolicy
+from idempotency_client.channels import Endpoints, aio_endpoints
+from idempotency_client.client import new_lease_token
+
+#: The logical call an attempt belongs to (set around each call).
+CURRENT_CALL: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("faults_call", default=None)
+
+#: A call that has not returned this long after its deadline has "no answer".
+NO_ANSWER_GRACE = 2.0
+
+#: The machine's PostgreSQL, where the ledger database is created.
+MAIN_POSTGRES = "postgres://postgres@127.0.0.1:5432"
+
+
+@dataclass
+class Options:
+    """The workload's knobs (a scenario sets some in `workload = {...}` or in
+    prepare() through env.workload)."""
+
+    #: concurrent consumers
+    consumers: int = 16
+    #: seconds of load (new events); the load also lasts until inject() returns
+    duration: float = 5.0
+    #: seconds of load after inject() returned (the recovery is measured there)
+    tail: float = 1.0
+    #: deliveries per event key (the first two concurrent)
+    deliveries: int = 3
+    #: lease of every Claim, seconds
+    lease_ttl: float = 3.0
+    #: each logical call's deadline (the client's timeout, retries included)
+    call_timeout: float = 10.0
+    #: share of claimed deliveries that fail and Release
+    p_fail: float = 0.05
+    #: share of claimed deliveries whose consumer vanishes (lease runs out)
+    p_vanish: float = 0.03
+    #: seconds of "work" between the Claim and the effect
+    work: float = 0.002
+    #: most event keys (None: as many as the duration allows)
+    max_keys: Optional[int] = None
+    #: after the load: how long deliveries still pending may take
+    drain_timeout: float = 30.0
+    #: the client's retry policy (None: the client's default)
+    retry: Optional[RetryPolicy] = None
+    #: reaper interval of the replicas (the final check waits that long too)
+    reaper_interval: float = 1.0
+
+
+class History:
+    """Everything that happened, in seconds since `t0` (time.monotonic())."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.wall0 = time.time()
+        self.calls: List[Dict[str, Any]] = []
+        self.attempts: List[Dict[str, Any]] = []
+        self.effects: List[Dict[str, Any]] = []
+        self.marks: List[Tuple[str, float]] = []
+        self.keys: List[str] = []
+        self.final: Dict[str, Dict[str, Any]] = {}
+        self.ledger: Dict[str, int] = {}
+        self.load_end: Optional[float] = None
+        self.counters: Dict[str, int] = {}
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def mark(self, name: str, at: Optional[float] = None) -> float:
+        at = self.now() if at is None else at
+        self.marks.append((name, at))
+        return at
+
+    def bump(self, name: str, by: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + by
+
+    def dump(self, path) -> None:
+        """JSON lines: marks, calls, attempts, effects, final answers."""
+        with open(path, "w") as out:
+            for name, at in self.marks:
+                out.write(json.dumps({"type": "mark", "name": name, "at": at}) + "\n")
+            for kind, rows in (("call", self.calls), ("attempt", self.attempts), ("effect", self.effects)):
+                for row in rows:
+                    out.write(json.dumps({"type": kind, **_jsonable(row)}) + "\n")
+            for key, row in self.final.items():
+                out.write(json.dumps({"type": "final", "key": key, **_jsonable(row)}) + "\n")
+
+
+def _jsonable(row: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in row.items()}
+
+
+class _Recorder(grpc.aio.UnaryUnaryClientInterceptor):
+    """Records every attempt made on one address."""
+
+    def __init__(self, history: History, target: str):
+        self.history = history
+        self.target = target
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        row = {"call": CURRENT_CALL.get(), "op": _method(client_call_details.method), "target": self.target,
+               "start": self.history.now()}
+        code = "UNKNOWN"
+        try:
+            call = await continuation(client_call_details, request)
+            try:
+                await call
+                code = "OK"
+            except grpc.aio.AioRpcError as error:
+                code = error.code().name
+            return call
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        finally:
+            row["end"] = self.history.now()
+            row["code"] = code
+            self.history.attempts.append(row)
+
+
+def _method(method) -> str:
+    if isinstance(method, bytes):
+        method = method.decode()
+    return method.rsplit("/", 1)[-1]
+
+
+def make_client(targets: List[str], history: History, options: Options) -> AsyncIdempotencyClient:
+    """An AsyncIdempotencyClient over `targets` whose every attempt is recorded
+    (one channel per address, each with its own recording interceptor)."""
+    kwargs = {"timeout": options.call_timeout}
+    if options.retry is not None:
+        kwargs["retry"] = options.retry
+    client = AsyncIdempotencyClient(list(targets), **kwargs)
+    unused = client._endpoints.channels
+    endpoints = []
+    for target in targets:
+        endpoints.extend(aio_endpoints([target], None, None, [_Recorder(history, target)])._endpoints)
+    if len(endpoints) > 1:
+        for endpoint in endpoints:
+            endpoint.channel.get_state(try_to_connect=True)
+    client._endpoints = Endpoints(endpoints, lambda endpoint: endpoint.channel.get_state(try_to_connect=True))
+    client._unused_channels = unused
+    return client
+
+
+class Ledger:
+    """The downstream the effects go to: a fresh database on the main
+    PostgreSQL, one row per key, written only with a higher fencing token."""
+
+    def __init__(self, base_url: str = MAIN_POSTGRES):
+        self.base_url = base_url.rstrip("/")
+        self.name = f"faults_ledger_{uuid.uuid4().hex[:12]}"
+        self.pool: Optional[asyncpg.Pool] = None
+
+    async def open(self) -> None:
+        admin = await asyncpg.connect(f"{self.base_url}/postgres", timeout=10)
+        try:
+            await admin.execute(f"CREATE DATABASE {self.name}")
+        finally:
+            await admin.close()
+        self.pool = await asyncpg.create_pool(f"{self.base_url}/{self.name}", min_size=2, max_size=8, timeout=10)
+        await self.pool.execute(
+            "CREATE TABLE ledger (key text PRIMARY KEY, fence bigint NOT NULL, worker text NOT NULL, "
+            "applied int NOT NULL DEFAULT 1)"
+        )
+
+    async def apply(self, key: str, fence: int, worker: str) -> bool:
+        """The guarded upsert: True when the write was accepted."""
+        row = await self.pool.fetchrow(
+            "INSERT INTO ledger (key, fence, worker) VALUES ($1, $2, $3) "
+            "ON CONFLICT (key) DO UPDATE SET fence = EXCLUDED.fence, worker = EXCLUDED.worker, "
+            "applied = ledger.applied + 1 WHERE ledger.fence < EXCLUDED.fence RETURNING fence",
+            key, fence, worker, timeout=10,
+        )
+        return row is not None
+
+    async def rows(self) -> Dict[str, int]:
+        return {r["key"]: r["fence"] for r in await self.pool.fetch("SELECT key, fence FROM ledger")}
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+        try:
+            admin = await asyncpg.connect(f"{self.base_url}/postgres", timeout=10)
+            try:
+                await admin.execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+            finally:
+                await admin.close()
+        except Exception:  # best effort: the database is uniquely named
+            pass
+
+
+class Workload:
+    """Runs the consumers against `targets` and records the history."""
+
+    def __init__(self, targets: List[str], options: Options, history: History, ledger: Ledger,
+                 namespace: Optional[str] = None):
+        self.targets = list(targets)
+        self.options = options
+        self.history = history
+        self.ledger = ledger
+        self.namespace = namespace or f"faults-{uuid.uuid4().hex[:8]}"
+        self.client: Optional[AsyncIdempotencyClient] = None
+        self._ids = itertools.count(1)
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._pending = 0
+        self._producing = True
+        self._drained = asyncio.Event()
+        self._timers: List[asyncio.TimerHandle] = []
+        self._latest_lease_expiry = 0.0  # wall clock
+
+    # -- calls -------------------------------------------------------------
+    async def call(self, op: str, key: str, who: str, make: Callable[[], Awaitable[Any]],
+                   **extra) -> Tuple[Dict[str, Any], Any]:
+        """One logical call, recorded: (record, result or None)."""
+        timeout = self.options.call_timeout
+        rec: Dict[str, Any] = {"id": next(self._ids), "op": op, "key": key, "who": who,
+                               "start": self.history.now(), "deadline": timeout, **extra}
+        token = CURRENT_CALL.set(rec["id"])
+        result = None
+        try:
+            result = await asyncio.wait_for(make(), timeout + NO_ANSWER_GRACE)
+            rec["code"] = "OK"
+        except asyncio.TimeoutError:
+            rec["code"] = "NO_ANSWER"
+        except IdempotencyError as error:
+            rec["code"] = error.code.name if error.code is not None else type(error).__name__
+            rec["error"] = str(error)[:300]
+        finally:
+            CURRENT_CALL.reset(token)
+            rec["end"] = self.history.now()
+            self.history.calls.append(rec)
+        return rec, result
+
+    def _claimed(self, rec: Dict[str, Any], result) -> None:
+        rec["outcome"] = result.outcome.name
+        if result.outcome is Outcome.CLAIMED:
+            rec["fence"] = result.fencing_token
+            rec["lease"] = result.lease_token
+            rec["retried"] = result.retried
+            if result.lease_expires_at is not None:
+                self._latest_lease_expiry = max(self._latest_lease_expiry, result.lease_expires_at.timestamp())
+        elif result.outcome is Outcome.COMPLETED:
+            rec["response"] = result.response
+
+    # -- deliveries --------------------------------------------------------
+    def _deliver(self, key: str, delay: float = 0.0) -> None:
+        self._pending += 1
+        if delay <= 0:
+            self._queue.put_nowait(key)
+        else:
+            self._timers.append(asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, key))
+
+    def _done(self) -> None:
+        self._pending -= 1
+        if self._pending == 0 and not self._producing:
+            self._drained.set()
+
+    async def _consumer(self, index: int) -> None:
+        who = f"c{index}"
+        while True:
+            key = await self._queue.get()
+            if key is None:
+                return
+            try:
+                await self._handle(key, who)
+            finally:
+                self._done()
+
+    async def _handle(self, key: str, who: str) -> None:
+        o = self.options
+        ns = self.namespace
+        token = new_lease_token()
+        rec, result = await self.call(
+            "Claim", key, who, lambda: self.client.claim(ns, key, lease_ttl=o.lease_ttl, lease_token=token),
+            token=token)
+        if result is None:
+            self._deliver(key, 0.2)  # not acked: the broker redelivers
+            return
+        self._claimed(rec, result)
+        if result.outcome is Outcome.COMPLETED:
+            return  # the replay: ack
+        if result.outcome is Outcome.IN_PROGRESS:
+            wait = result.retry_after.total_seconds() if result.retry_after is not None else 0.5
+            self._deliver(key, min(max(wait, 0.05), o.lease_ttl + 0.5))
+            return
+        if result.outcome is not Outcome.CLAIMED:
+            self.history.bump("unexpected_outcome")
+            return
+        fence = result.fencing_token
+        lease = result.lease_token
+        luck = random.random()
+        if luck < o.p_vanish and self._producing:
+            # The consumer dies after its Claim: no effect, no Complete, no
+            # Release. The message was not acked: redelivered after the lease.
+            self.history.bump("vanished")
+            self._deliver(key, o.lease_ttl + 0.2)
+            return
+        if o.p_vanish <= luck < o.p_vanish + o.p_fail:
+            self.history.bump("failed_work")
+            await self.call("Release", key, who, lambda: self.client.release(ns, key, lease), lease=lease)
+            self._deliver(key, 0.05)
+            return
+        if o.work:
+            await asyncio.sleep(o.work)
+        effect = {"key": key, "fence": fence, "lease": lease, "who": who, "start": self.history.now()}
+        try:
+            effect["accepted"] = await self.ledger.apply(key, fence, f"{who}/{lease[:8]}")
+        except Exception as error:  # the ledger failed: the work failed
+            effect["accepted"] = None
+            effect["error"] = str(error)[:200]
+        effect["end"] = self.history.now()
+        self.history.effects.append(effect)
+        if not effect["accepted"]:
+            # A newer lease wrote already (ours ran out): give the key back.
+            await self.call("Release", key, who, lambda: self.client.release(ns, key, lease), lease=lease)
+            if effect["accepted"] is None:
+                self._deliver(key, 0.2)
+            return
+        response = f"{key}|{fence}|{lease[:12]}".encode()
+        rec, _ = await self.call("Complete", key, who, lambda: self.client.complete(ns, key, lease, response),
+                                 lease=lease, fence=fence, response=response)
+        if rec["code"] != "OK":
+            self._deliver(key, 0.2)  # not acked: a redelivery replays or takes over
+
+    async def _producer(self) -> None:
+        o = self.options
+        n = 0
+        while self._producing and (o.max_keys is None or n < o.max_keys):
+            if self._queue.qsize() >= o.consumers:
+                await asyncio.sleep(0.002)
+                continue
+            key = f"evt-{n:06d}"
+            n += 1
+            self.history.keys.append(key)
+            for i in range(o.deliveries):
+                self._deliver(key, 0.0 if i < 2 else random.uniform(0.05, 1.0))
+            await asyncio.sleep(0)
+
+    # -- the run -----------------------------------------------------------
+    async def start(self) -> None:
+        self.client = make_client(self.targets, self.history, self.options)
+        self._tasks = [asyncio.create_task(self._consumer(i)) for i in range(self.options.consumers)]
+        self._producer_task = asyncio.create_task(self._producer())
+
+    async def stop_load(self) -> None:
+        """No new events; wait (at most drain_timeout) for the deliveries
+        still pending, then stop the consumers."""
+        self._producing = False
+        self.history.load_end = self.history.mark("load_end")
+        await self._producer_task
+        if self._pending == 0:
+            self._drained.set()
+        try:
+            await asyncio.wait_for(self._drained.wait(), self.options.drain_timeout)
+        except asyncio.TimeoutError:
+            self.history.bump("undrained_deliveries", self._pending)
+        self.history.mark("drained")
+        for timer in self._timers:
+            timer.cancel()
+        for _ in self._tasks:
+            self._queue.put_nowait(None)
+        done, pending = await asyncio.wait(self._tasks, timeout=self.options.call_timeout + NO_ANSWER_GRACE + 1)
+        for task in pending:
+            task.cancel()
+
+    async def final_check(self, max_wait: float = 30.0) -> None:
+        """Once every lease granted has run out and a reaper interval has
+        passed: a Claim of every key (the final state). A key found CLAIMED is
+        released again."""
+        wait = self._latest_lease_expiry + self.options.reaper_interval + 0.5 - time.time()
+        if wait > 0:
+            await asyncio.sleep(min(wait, max_wait))
+        self.history.mark("final_check")
+        ns = self.namespace
+        sem = asyncio.Semaphore(16)
+
+        async def one(key: str) -> None:
+            async with sem:
+                token = new_lease_token()
+                rec, result = await self.call(
+                    "Claim", key, "final", lambda: self.client.claim(ns, key, lease_ttl=5, lease_token=token),
+                    token=token, final=True)
+                row: Dict[str, Any] = {"code": rec["code"]}
+                if result is not None:
+                    self._claimed(rec, result)
+                    row["outcome"] = result.outcome.name
+                    row["response"] = result.response
+                    if result.outcome is Outcome.CLAIMED:
+                        row["fence"] = result.fencing_token
+                        await self.call("Release", key, "final",
+                                        lambda: self.client.release(ns, key, result.lease_token), final=True)
+                self.history.final[key] = row
+
+        await asyncio.gather(*(one(key) for key in self.history.keys))
+        self.history.ledger = await self.ledger.rows()
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+            for channel in getattr(self.client, "_unused_channels", []):
+                await channel.close()
