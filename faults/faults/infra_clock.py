@@ -277,3 +277,44 @@ async def skew_probe(targets: Dict[str, str], namespace: str, rounds: int = 2, l
         for client in clients.values():
             await client.close()
     return result
+
+
+# ---------------------------------------------------------------------------
+# The probe's own test: it must catch a store that decides by its replica's
+# clock. The embedded SQLite store does (it is single-instance, so it may):
+# three replicas sharing one SQLite file, at -1h, real time and +1h, must
+# show early and late takeovers, wrong timestamps and results reaped early.
+#
+#     cd faults && .venv/bin/python -m faults.infra_clock
+
+async def negative_control() -> ProbeResult:
+    import tempfile
+
+    from .cluster import Replica
+
+    folder = tempfile.mkdtemp(prefix="faults-clock-negative-")
+    replicas = [
+        Replica({"DATABASE_URL": f"sqlite://{folder}/shared.db", "IDEMPOTENCY_REAPER_INTERVAL": "1s"},
+                wrapper=wrapper(offset), name=name, log_dir=folder)
+        for name, offset in (("minus1h", "-1h"), ("real", "+0"), ("plus1h", "+1h"))
+    ]
+    try:
+        for replica in replicas:  # one at a time: the first creates the file
+            await replica.start()
+        return await skew_probe({r.name: r.target for r in replicas}, "negative", rounds=1)
+    finally:
+        for replica in replicas:
+            replica.stop_now()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    found = asyncio.run(negative_control())
+    print(json.dumps(found.summary(), indent=1))
+    caught = found.violations()
+    ok = caught["early_takeovers"] > 0 and caught["wrong_timestamps"] > 0 and caught["reaped_early"] > 0
+    print("the probe catches decisions by a replica's own clock" if ok else "the probe MISSED the skew")
+    sys.exit(0 if ok else 1)

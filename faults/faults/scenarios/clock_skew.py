@@ -108,10 +108,12 @@ class ClockSkew(Scenario):
                 lease_s=self.probe_lease_s,
                 reaper_wait_s=2.5 * env.workload.reaper_interval,
             )
+            env.mark("healed")
+            # Health keeps being watched until the load ends.
+            await env.sleep_load(env.load_left())
         finally:
             stop.set()
             await watcher
-        env.mark("healed")
         env.note("probe", result.summary())
         env.note("health", health)
         env.note("replicas_alive", [r.running() for r in env.replicas])
