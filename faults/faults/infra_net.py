@@ -50,13 +50,20 @@ def _pid_alive(pid: int) -> bool:
 
 def sweep() -> List[str]:
     """Deletes namespaces of ours whose creating process is gone (a run that
-    was killed before its cleanup)."""
+    was killed before its cleanup), and the processes still in them."""
     removed = []
     out = sh(["ip", "netns", "list"], check=False).stdout
     for line in out.splitlines():
         name = line.split()[0] if line.split() else ""
         m = re.fullmatch(PREFIX + r"(\d+)", name)
         if m and not _pid_alive(int(m.group(1))):
+            # Its processes (replicas left by a run killed before its
+            # cleanup) go first, by the namespace's own list of pids.
+            for pid in sh(["ip", "netns", "pids", name], check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             sh(["ip", "netns", "del", name], check=False)
             removed.append(name)
     return removed
@@ -318,6 +325,14 @@ async def _relay_main(host: str, port: int, up_host: str, up_port: int, delay_fi
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await asyncio.gather(pump(c_reader, u_writer, True), pump(u_reader, c_writer, both))
 
+    async def orphaned() -> None:
+        # The harness was killed before its cleanup: go too.
+        parent = os.getppid()
+        while os.getppid() == parent:
+            await asyncio.sleep(1.0)
+        os._exit(0)
+
+    asyncio.create_task(orphaned())
     server = await asyncio.start_server(handle, host, port)
     async with server:
         await server.serve_forever()

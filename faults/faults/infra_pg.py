@@ -19,12 +19,46 @@ from __future__ import annotations
 import glob
 import os
 import pathlib
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from typing import Iterable, Optional
+from typing import Iterable, List, Optional
+
+
+#: Folders of clusters and pgbouncers: /tmp/faults-infra-<pid>-<name>-XXXX.
+PREFIX = "faults-infra-"
+
+
+def sweep() -> List[str]:
+    """Stops and deletes the clusters and pgbouncers of runs whose process is
+    gone (killed before their cleanup): each by its own pid file."""
+    removed = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*")):
+        m = re.match(re.escape(PREFIX) + r"(\d+)-", os.path.basename(path))
+        if not m or _alive(int(m.group(1))):
+            continue
+        for pidfile in (os.path.join(path, "data", "postmaster.pid"), os.path.join(path, "pgbouncer.pid")):
+            try:
+                pid = int(open(pidfile).readline().strip())
+                os.kill(pid, 9 if pidfile.endswith("pgbouncer.pid") else 3)  # postgres: SIGQUIT, immediate
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def ensure_commands(commands: dict[str, str]) -> None:
@@ -104,7 +138,7 @@ class Postgres:
         self.port = port or free_port(self.host)
         self.name = name
         self.settings = dict(settings or {})
-        self.dir = pathlib.Path(base) if base else pathlib.Path(tempfile.mkdtemp(prefix=f"faults-{name}-"))
+        self.dir = pathlib.Path(base) if base else pathlib.Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{name}-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.data = self.dir / "data"
         self.sock = self.dir / "sock"
@@ -207,7 +241,7 @@ class PgBouncer:
         self.port = free_port(host)
         self.pool_mode = pool_mode
         self.settings = dict(settings or {})
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="faults-pgbouncer-"))
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-pgbouncer-"))
         self.ini = self.dir / "pgbouncer.ini"
         self.log = self.dir / "pgbouncer.log"
         self.proc: Optional[subprocess.Popen] = None

@@ -32,7 +32,7 @@ import os
 import time
 
 from faults.infra_net import Relay
-from faults.infra_pg import Postgres, free_port
+from faults.infra_pg import sweep, Postgres, free_port
 from faults.scenario import Env, Scenario
 
 PRIMARY = "127.0.0.2"
@@ -57,6 +57,7 @@ class Failover(Scenario):
         self.standby: Postgres | None = None
 
     async def prepare(self, env: Env) -> None:
+        await asyncio.to_thread(sweep)  # what a killed run left
         settings = {"wal_level": "replica", "max_wal_senders": 5, "synchronous_commit": "on",
                     "wal_sender_timeout": "5s", "wal_receiver_status_interval": "1s"}
         port = free_port(PRIMARY, also=[STANDBY])  # the same port on both addresses

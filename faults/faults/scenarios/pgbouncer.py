@@ -35,7 +35,7 @@ import subprocess
 import time
 
 from faults.cluster import free_port, health_status, server_binary
-from faults.infra_pg import PgBouncer, Postgres, ensure_commands
+from faults.infra_pg import sweep, PgBouncer, Postgres, ensure_commands
 from faults.scenario import Env, Scenario
 
 #: A message of the service's that names what to set.
@@ -142,6 +142,7 @@ class PgBouncerScenario(Scenario):
         return bouncer.start()
 
     async def prepare(self, env: Env) -> None:
+        await asyncio.to_thread(sweep)  # what a killed run left
         logs = env.tmpdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         plain = await asyncio.to_thread(self._bouncer, env, self.mode, {})
