@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
 
 from .runner import discover, run_all
+
+
+async def _main(args, command):
+    """run_all(), cancelled by SIGTERM/SIGINT so that every cleanup runs."""
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await run_all(args.scenarios, args.ci, args.duration, command)
+    except asyncio.CancelledError:
+        print("faults: interrupted; cleaned up", flush=True)
+        return False, []
 
 
 def main() -> int:
@@ -23,7 +37,7 @@ def main() -> int:
         return 0
     command = "faults/run.sh" + (" --ci" if args.ci else "") + (f" --duration {args.duration:g}" if args.duration else "")
     started = time.monotonic()
-    ok, reports = asyncio.run(run_all(args.scenarios, args.ci, args.duration, command))
+    ok, reports = asyncio.run(_main(args, command))
     print(f"faults: {len(reports)} scenario(s) in {time.monotonic() - started:.0f} s: {'all ok' if ok else 'FAILED'}")
     return 0 if ok else 1
 

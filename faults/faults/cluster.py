@@ -9,6 +9,7 @@ tests/common/cluster.rs and bench/lib.sh do.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import pathlib
 import shutil
@@ -40,6 +41,32 @@ REPLICA_DEFAULTS: Dict[str, str] = {
     "IDEMPOTENCY_RECORDS_GAUGE_INTERVAL": "0s",
     "RUST_LOG": "info",
 }
+
+
+#: Every replica process and cluster started, so that an exit that skips the
+#: cleanup (SIGTERM, an error in the runner) still kills them (atexit).
+_LIVE_PROCESSES: "set[subprocess.Popen]" = set()
+_LIVE_CLUSTERS: "set[PgCluster]" = set()
+
+
+def kill_leftovers() -> None:
+    for process in list(_LIVE_PROCESSES):
+        if process.poll() is None:
+            process.kill()
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+    _LIVE_PROCESSES.clear()
+    for cluster in list(_LIVE_CLUSTERS):
+        try:
+            cluster.destroy()
+        except Exception:
+            pass
+    _LIVE_CLUSTERS.clear()
+
+
+atexit.register(kill_leftovers)
 
 
 def server_binary() -> pathlib.Path:
@@ -125,6 +152,7 @@ class PgCluster:
 
     def init(self) -> "PgCluster":
         self.root.mkdir(parents=True, exist_ok=True)
+        _LIVE_CLUSTERS.add(self)
         if is_root():
             subprocess.run(["chown", "-R", "postgres:postgres", str(self.root)], check=True)
         self._run([str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
@@ -188,6 +216,7 @@ class PgCluster:
         if self.data.exists():
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+        _LIVE_CLUSTERS.discard(self)
 
 
 class Replica:
@@ -252,6 +281,7 @@ class Replica:
             log.flush()
             self.process = subprocess.Popen([*self.wrapper, str(server_binary())], env=self.env,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _LIVE_PROCESSES.add(self.process)
 
     async def wait_serving(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

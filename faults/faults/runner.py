@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import json
 import pathlib
 import pkgutil
@@ -24,8 +25,14 @@ OUT = pathlib.Path(__file__).resolve().parents[1] / "out"
 
 #: seconds of load per scenario in --ci
 CI_DURATION = 4.0
+#: after the final check, how long every replica has to answer health SERVING
+HEALTH_AT_END_TIMEOUT = 10.0
 #: seconds of load per scenario otherwise
 DEFAULT_DURATION = 20.0
+
+
+def verbose() -> bool:
+    return os.environ.get("FAULTS_VERBOSE", "") not in ("", "0")
 
 
 def discover() -> Dict[str, object]:
@@ -62,6 +69,11 @@ async def run_scenario(scenario, ci: bool, duration: Optional[float], command: s
     errors: List[str] = []
     report: Optional[Report] = None
     started = time.monotonic()
+
+    def phase(what: str) -> None:
+        if verbose():
+            print(f"    [{scenario.name} +{time.monotonic() - started:6.1f}s] {what}", flush=True)
+
     try:
         reason = scenario.available() if hasattr(scenario, "available") else None
         if reason:
@@ -74,28 +86,40 @@ async def run_scenario(scenario, ci: bool, duration: Optional[float], command: s
         await ledger.open()
         await scenario.prepare(env)
         await env.start_replicas()
+        phase("replicas SERVING")
         history.t0 = time.monotonic()  # time 0: the load starts
         history.wall0 = time.time()
         workload = Workload(env.targets, options, history, ledger, namespace=f"faults-{scenario.name}")
         await workload.start()
         inject = asyncio.create_task(scenario.inject(env))
         limit = options.duration + 120
-        try:
-            await asyncio.wait_for(asyncio.shield(inject), limit)
-        except asyncio.TimeoutError:
+        await asyncio.wait([inject], timeout=limit)
+        phase("inject() returned")
+        if not inject.done():
             inject.cancel()
             errors.append(f"inject() still running after {limit:.0f} s")
+        elif not inject.cancelled() and inject.exception() is not None:
+            raise inject.exception()
         end = max(options.duration, history.now() + options.tail)
         await asyncio.sleep(max(0.0, end - history.now()))
         await workload.stop_load()
+        phase("load stopped, deliveries drained")
         await workload.final_check()
-        if inject.done() and not inject.cancelled() and inject.exception() is not None:
-            raise inject.exception()
+        phase("final check done")
+        if getattr(scenario, "health_at_end", True):
+            # The service resumes by itself: every running replica SERVING.
+            health = {r.name: "not running" for r in env.replicas if not r.running()}
+            try:
+                await env.wait_serving(timeout=HEALTH_AT_END_TIMEOUT)
+            except Exception:
+                health.update({r.name: await r.health() for r in env.replicas if r.running()})
+                errors.append(f"health at the end, {HEALTH_AT_END_TIMEOUT:.0f} s after the final check: {health}")
     except Exception:
         errors.append(f"scenario error:\n{traceback.format_exc()}")
     finally:
         if workload is not None:
             try:
+                await workload.abort()
                 await workload.close()
             except Exception:
                 pass
@@ -109,6 +133,7 @@ async def run_scenario(scenario, ci: bool, duration: Optional[float], command: s
                 report.failures.append(f"expect: {error}")
             except Exception:
                 report.failures.append(f"expect() raised:\n{traceback.format_exc()}")
+        phase("cleanup")
         try:
             await scenario.cleanup(env)
         except Exception:

@@ -188,6 +188,9 @@ class Scenario:
     workload: Dict[str, Any] = {}
     #: seconds of load in the --ci run (None: the runner's default)
     ci_duration: Optional[float] = None
+    #: after the final check, every running replica must answer health
+    #: SERVING within 10 s (the service resumes by itself); False: not checked
+    health_at_end: bool = True
 
     def available(self) -> Optional[str]:
         """None when the scenario can run here, else why not (a missing tool

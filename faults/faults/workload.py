@@ -96,6 +96,8 @@ class History:
         self.final: Dict[str, Dict[str, Any]] = {}
         self.ledger: Dict[str, int] = {}
         self.load_end: Optional[float] = None
+        #: True once the final Claim of every key ran (stuck keys are counted then)
+        self.final_checked = False
         self.counters: Dict[str, int] = {}
 
     def now(self) -> float:
@@ -258,6 +260,10 @@ class Workload:
             rec["code"] = "OK"
         except asyncio.TimeoutError:
             rec["code"] = "NO_ANSWER"
+        except asyncio.CancelledError:  # the run was aborted
+            rec["code"] = "CANCELLED"
+            rec["aborted"] = True
+            raise
         except IdempotencyError as error:
             rec["code"] = error.code.name if error.code is not None else type(error).__name__
             rec["error"] = str(error)[:300]
@@ -428,10 +434,27 @@ class Workload:
                 self.history.final[key] = row
 
         await asyncio.gather(*(one(key) for key in self.history.keys))
+        self.history.final_checked = True
         self.history.ledger = await self.ledger.rows()
 
+    async def abort(self) -> None:
+        """Stop everything at once (after a failure): producer, consumers, timers."""
+        self._producing = False
+        for timer in self._timers:
+            timer.cancel()
+        tasks = [t for t in [getattr(self, "_producer_task", None), *getattr(self, "_tasks", [])] if t is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            # A call stuck in grpc's cancellation must not hold the run up.
+            await asyncio.wait(tasks, timeout=5)
+
     async def close(self) -> None:
+        channels = list(getattr(self.client, "_unused_channels", []))
         if self.client is not None:
-            await self.client.close()
-            for channel in getattr(self.client, "_unused_channels", []):
-                await channel.close()
+            channels += self.client._endpoints.channels
+        for channel in channels:
+            try:
+                await asyncio.wait_for(channel.close(grace=0), 5)
+            except Exception:
+                pass
