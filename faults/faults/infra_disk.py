@@ -27,6 +27,7 @@ import tempfile
 from typing import List, Optional
 
 FILLER_NAME = "filler.bin"
+OWNER_NAME = ".owner-pid"
 _CHUNK = 64 * 1024
 
 
@@ -50,6 +51,9 @@ class SmallDisk:
             text=True,
         )
         self.mounted = True
+        # Who owns it: sweep_stale() unmounts the disks of dead runs.
+        with open(os.path.join(self.path, OWNER_NAME), "w") as owner:
+            owner.write(str(os.getpid()))
         return self.path
 
     def unmount(self) -> None:
@@ -115,6 +119,33 @@ class SmallDisk:
             os.unlink(self.filler)
         except FileNotFoundError:
             pass
+
+
+def sweep_stale(prefix: str = "faults-disk-") -> List[str]:
+    """Unmount and delete the tmpfs disks (under the temp folder, named
+    `prefix`*) whose owning process is gone (a run killed with SIGKILL).
+    Returns the paths swept."""
+    swept = []
+    base = tempfile.gettempdir()
+    try:
+        with open("/proc/mounts") as mounts:
+            points = [line.split()[1] for line in mounts if line.split()[0] == "tmpfs"]
+    except OSError:
+        return swept
+    for point in points:
+        if os.path.dirname(point) != base or not os.path.basename(point).startswith(prefix):
+            continue
+        try:
+            with open(os.path.join(point, OWNER_NAME)) as owner:
+                pid = int(owner.read().strip() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if pid and os.path.exists(f"/proc/{pid}"):
+            continue
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+        shutil.rmtree(point, ignore_errors=True)
+        swept.append(point)
+    return swept
 
 
 def integrity_check(db_file: str) -> List[str]:

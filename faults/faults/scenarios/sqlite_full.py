@@ -66,6 +66,9 @@ class SqliteFull(Scenario):
         return None
 
     async def prepare(self, env: Env) -> None:
+        swept = await asyncio.to_thread(infra_disk.sweep_stale, "faults-sqlite-full-")
+        if swept:
+            env.log(f"unmounted the disks of killed runs: {swept}")
         self.disk = infra_disk.SmallDisk(size_mb=self.disk_mb, prefix="faults-sqlite-full-")
         await asyncio.to_thread(self.disk.mount)
         env.add_cleanup(self.disk.unmount)  # even when a later step fails
