@@ -103,3 +103,83 @@ async fn a_database_restart_gives_unavailable_then_recovers_without_losing_a_com
     assert_eq!(outcome(&fresh), Outcome::Claimed);
     server.stop().await.unwrap();
 }
+
+/// A server on its own cluster with `pool_size` connections, health checked
+/// every `health_every`.
+async fn server_on(cluster: &Cluster, health_every: Duration) -> TestServer {
+    let mut config = idempotency_service::config::Config::defaults();
+    config.database_url = Some(cluster.url());
+    config.listen_addr = "127.0.0.1:0".parse().unwrap();
+    config.health_check_interval = health_every;
+    config.db_timeout = Duration::from_secs(2);
+    config.db_pool_size = 8;
+    TestServer::start(config).await
+}
+
+/// `n` Claims of distinct keys at once, then their Completes at once: every
+/// one must succeed (no retry here: a failed call fails the test).
+async fn every_call_succeeds(server: &TestServer, prefix: &str, n: usize) {
+    let claims: Vec<_> = (0..n)
+        .map(|i| {
+            let mut client = server.client.clone();
+            let key = format!("{prefix}-{i}");
+            tokio::spawn(async move {
+                let claimed = client
+                    .claim(claim_request("ns", &key))
+                    .await
+                    .unwrap_or_else(|s| panic!("Claim {key}: {s:?}"))
+                    .into_inner();
+                assert_eq!(outcome(&claimed), Outcome::Claimed, "{key}");
+                client
+                    .complete(CompleteRequest {
+                        namespace: "ns".into(),
+                        key: key.clone(),
+                        lease_token: claimed.lease_token,
+                        response: key.clone().into_bytes(),
+                        retention: None,
+                    })
+                    .await
+                    .unwrap_or_else(|s| panic!("Complete {key}: {s:?}"));
+            })
+        })
+        .collect();
+    for claim in claims {
+        claim.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_health_is_serving_again_after_a_database_crash_no_call_fails() {
+    let cluster = Cluster::start();
+    let server = server_on(&cluster, Duration::from_millis(200)).await;
+    // Every connection of the pool opened and kept.
+    every_call_succeeds(&server, "warm", 32).await;
+
+    cluster.stop(true);
+    server
+        .wait_for_health("", ServingStatus::NotServing, Duration::from_secs(15))
+        .await;
+    cluster.restart();
+    server
+        .wait_for_health("", ServingStatus::Serving, Duration::from_secs(30))
+        .await;
+    // The connections kept from before the crash are dead: none may cost a
+    // call its answer.
+    every_call_succeeds(&server, "after", 64).await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_that_health_never_saw_costs_no_call() {
+    let cluster = Cluster::start();
+    // Health checks once, at the start: the restart below goes unseen.
+    let server = server_on(&cluster, Duration::from_secs(3600)).await;
+    every_call_succeeds(&server, "warm", 32).await;
+
+    cluster.stop(false);
+    cluster.restart();
+    // The first statement on a dead connection is sent again on a live one;
+    // the others' connections are checked before use.
+    every_call_succeeds(&server, "after", 64).await;
+    server.stop().await.unwrap();
+}

@@ -384,13 +384,68 @@ const HOLD_FOR: Duration = Duration::from_secs(60);
 /// it is kept here instead and the next statement takes it at once. A
 /// statement that failed, or was cancelled with its call, drops its
 /// connection into the pool, which tests it as before.
+///
+/// When the database restarts, every connection opened before is dead, and
+/// nothing says so until a statement is sent on it. So a connection-level
+/// error anywhere (a statement's, or the health check's) makes every
+/// connection older than it suspect (`Suspicion`): each is pinged before its
+/// next statement, and dropped when the ping fails, so the calls after a
+/// restart run on live connections.
 struct Connections {
     pool: PgPool,
     /// One permit per connection the pool may open: statements wait here in
     /// arrival order, whether their connection then comes from `kept` or
     /// from the pool.
     permits: Semaphore,
-    kept: std::sync::Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
+    /// Each kept connection, when it left the pool, and when it was last
+    /// known to be alive (a statement or a ping ran on it).
+    kept: std::sync::Mutex<Vec<(PoolConnection<Postgres>, Instant, Instant)>>,
+    suspicion: Arc<Suspicion>,
+}
+
+/// The last moment a connection-level error was seen: a connection last
+/// known alive before it may be dead.
+struct Suspicion {
+    base: Instant,
+    /// Nanoseconds from `base` to the last error, plus one; 0: none yet.
+    since: std::sync::atomic::AtomicU64,
+}
+
+impl Suspicion {
+    fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            since: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// From now on, connections last known alive before now are suspect.
+    fn raise(&self) {
+        let now = self.base.elapsed().as_nanos() as u64 + 1;
+        self.since
+            .fetch_max(now, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Whether a connection last known alive at `alive` must be checked.
+    fn covers(&self, alive: Instant) -> bool {
+        match self.since.load(std::sync::atomic::Ordering::Acquire) {
+            0 => false,
+            since => alive <= self.base + Duration::from_nanos(since - 1),
+        }
+    }
+}
+
+/// Errors that say the connection (not the statement) failed: it was closed
+/// or broken, or the server is shutting down, crashed or starting. Other
+/// connections may be in the same state.
+fn connection_lost(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+            matches!(code.as_ref(), "57P01" | "57P02" | "57P03") || code.starts_with("08")
+        }),
+        _ => false,
+    }
 }
 
 impl Connections {
@@ -400,16 +455,28 @@ impl Connections {
             .acquire()
             .await
             .map_err(|_| sqlx::Error::PoolClosed)?;
-        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let (connection, since) = match kept {
-            Some(kept) => kept,
-            None => (self.pool.acquire().await?, Instant::now()),
-        };
-        Ok(Held {
-            connection: Some((connection, since)),
-            owner: self,
-            _permit: permit,
-        })
+        loop {
+            let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let Some((mut connection, since, alive)) = kept else {
+                // The pool checks its own (see `before_acquire`).
+                let connection = self.pool.acquire().await?;
+                let now = Instant::now();
+                return Ok(Held {
+                    connection: Some((connection, now)),
+                    owner: self,
+                    _permit: permit,
+                });
+            };
+            if self.suspicion.covers(alive) && connection.ping().await.is_err() {
+                // Dead: closed when dropped; try the next one.
+                continue;
+            }
+            return Ok(Held {
+                connection: Some((connection, since)),
+                owner: self,
+                _permit: permit,
+            });
+        }
     }
 
     fn kept(&self) -> usize {
@@ -442,7 +509,7 @@ impl Held<'_> {
                 .kept
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push((connection, since));
+                .push((connection, since, Instant::now()));
         }
     }
 }
@@ -462,14 +529,55 @@ impl std::ops::DerefMut for Held<'_> {
 
 /// Runs one statement on a held connection: `held!(store, |conn| query...
 /// .fetch_one(conn))`, inside `Budget::run`.
+///
+/// A statement whose connection turned out to be dead is sent once more, on
+/// a connection checked first: the database restarted since the connection
+/// was last used, and the caller must not pay for it. Sending it again is
+/// safe whether or not the first one took effect, because every statement on
+/// the call path is answered through the lifecycle, which reads what a
+/// repeat finds: a Claim finds its own lease token (a retried Claim), a
+/// Complete or Release finds its own token on the completed or released
+/// record, a read reads. `held!(once store, …)` sends it once (Purge, whose
+/// answer says whether it found a record).
 macro_rules! held {
-    ($store:expr, |$conn:ident| $statement:expr) => {
+    (once $store:expr, |$conn:ident| $statement:expr) => {
         async {
             let mut held = $store.connections.take().await?;
             let $conn = &mut *held;
-            let result = $statement.await?;
-            held.keep();
-            Ok::<_, sqlx::Error>(result)
+            match $statement.await {
+                Ok(result) => {
+                    held.keep();
+                    Ok::<_, sqlx::Error>(result)
+                }
+                Err(error) => {
+                    if connection_lost(&error) {
+                        $store.connections.suspicion.raise();
+                    }
+                    Err(error)
+                }
+            }
+        }
+    };
+    ($store:expr, |$conn:ident| $statement:expr) => {
+        async {
+            let mut again = true;
+            loop {
+                let mut held = $store.connections.take().await?;
+                let $conn = &mut *held;
+                match $statement.await {
+                    Ok(result) => {
+                        held.keep();
+                        break Ok::<_, sqlx::Error>(result);
+                    }
+                    Err(error) if connection_lost(&error) => {
+                        $store.connections.suspicion.raise();
+                        if !std::mem::take(&mut again) {
+                            break Err(error);
+                        }
+                    }
+                    Err(error) => break Err(error),
+                }
+            }
         }
     };
 }
@@ -493,6 +601,8 @@ impl PostgresStore {
         // One connection more than the calls may hold, so that background
         // statements (health, the reaper, counts, heartbeats) always find
         // one: the calls keep theirs between statements (`Connections`).
+        let suspicion = Arc::new(Suspicion::new());
+        let checks = suspicion.clone();
         let pool = PgPoolOptions::new()
             .max_connections(options.pool_size + 1)
             .min_connections(0)
@@ -500,14 +610,22 @@ impl PostgresStore {
             // sqlx pings every connection it hands out unless told not to: a
             // second round trip per call. Broken connections are still found,
             // by the ping sqlx makes when a failed statement's connection is
-            // returned (see `Connections`).
+            // returned (see `Connections`), and by the one below for a
+            // connection opened before the last connection-level error.
             .test_before_acquire(false)
+            .before_acquire(move |connection, meta| {
+                let suspect = Instant::now()
+                    .checked_sub(meta.age)
+                    .is_some_and(|opened| checks.covers(opened));
+                Box::pin(async move { Ok(!suspect || connection.ping().await.is_ok()) })
+            })
             .connect_lazy_with(connect_options);
         Self {
             connections: Arc::new(Connections {
                 pool,
                 permits: Semaphore::new(options.pool_size as usize),
                 kept: std::sync::Mutex::default(),
+                suspicion,
             }),
             max_connections: options.pool_size + 1,
             budget: Budget::new("postgresql", options.timeout),
@@ -1079,7 +1197,7 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "purge",
-                held!(self, |conn| sqlx::query_scalar(PURGE)
+                held!(once self, |conn| sqlx::query_scalar(PURGE)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .fetch_optional(conn)),
@@ -1154,9 +1272,21 @@ impl Store for PostgresStore {
         }
     }
 
+    /// Health's check. A connection-level failure here makes every
+    /// connection opened before it suspect, so that the calls after the
+    /// database comes back check theirs first.
     async fn ping(&self) -> Result<(), Error> {
+        let suspicion = &self.connections.suspicion;
         self.budget
-            .run("ping", sqlx::query("SELECT 1").execute(self.pool()))
+            .run("ping", async {
+                let result = sqlx::query("SELECT 1").execute(self.pool()).await;
+                if let Err(error) = &result
+                    && (connection_lost(error) || matches!(error, sqlx::Error::PoolTimedOut))
+                {
+                    suspicion.raise();
+                }
+                result
+            })
             .await
             .map(|_| ())
     }
