@@ -184,6 +184,16 @@ impl SqliteStore {
     }
 }
 
+/// The row of a write statement, read to its end. A write returns its row
+/// with `fetch_all`, never `fetch_optional`: sqlx stops stepping a SQLite
+/// statement at the first row for the latter, and an autocommit statement
+/// commits at its last step, so a commit that fails (a full disk: SQLITE_FULL
+/// as the WAL grows) would go unseen and the caller be told of a write that
+/// was never stored.
+fn first<T>(rows: Vec<T>) -> Option<T> {
+    rows.into_iter().next()
+}
+
 fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -280,8 +290,9 @@ impl Store for SqliteStore {
                     .bind(micros(lease.lease_ttl))
                     .bind(micros(lease.retention))
                     .bind(now_us())
-                    .fetch_optional(&mut *conn)
+                    .fetch_all(&mut *conn)
                     .await
+                    .map(first)
             })
             .await?;
         row.map(|row| {
@@ -316,8 +327,9 @@ impl Store for SqliteStore {
                     .bind(response)
                     .bind(retention.map(micros))
                     .bind(now_us())
-                    .fetch_optional(&mut *conn)
+                    .fetch_all(&mut *conn)
                     .await
+                    .map(first)
             })
             .await?;
         Ok(expires_at.map(system_time))
@@ -366,8 +378,9 @@ impl Store for SqliteStore {
                     .bind(micros(lease_ttl))
                     .bind(now_us())
                     .bind(checkpoint)
-                    .fetch_optional(&mut *conn)
+                    .fetch_all(&mut *conn)
                     .await
+                    .map(first)
             })
             .await?;
         Ok(lease_expires_at.map(system_time))
@@ -397,8 +410,9 @@ impl Store for SqliteStore {
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(now_us())
-                    .fetch_optional(&mut *conn)
+                    .fetch_all(&mut *conn)
                     .await
+                    .map(first)
             })
             .await?;
         state.map(state_from).transpose()
