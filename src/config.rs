@@ -311,6 +311,7 @@ impl Config {
             max_batch: self.coalesce_max_batch,
             window: self.coalesce_window,
             workers: self.coalesce_workers,
+            timeout: self.db_timeout,
         }
     }
 

@@ -37,6 +37,12 @@ pub struct CoalesceOptions {
     pub window: Duration,
     /// Statements of one kind in flight at once.
     pub workers: usize,
+    /// The store's timeout (IDEMPOTENCY_DB_TIMEOUT): a queued call waits at
+    /// most this long for its answer, its wait for a batch included, then
+    /// fails with UNAVAILABLE, as a call of its own would. Without it a call
+    /// queued behind a statement that hangs (the database unreachable) would
+    /// wait for that statement's timeout and then its own.
+    pub timeout: Duration,
 }
 
 type Reply<R> = oneshot::Sender<Result<R, Error>>;
@@ -56,6 +62,7 @@ struct Batcher<T, R> {
     /// A lone call may skip the queue (no window to wait for company).
     alone: bool,
     workers: usize,
+    timeout: Duration,
     run: Run<T, R>,
 }
 
@@ -102,6 +109,7 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
             slots,
             alone: options.window.is_zero(),
             workers,
+            timeout: options.timeout,
             run,
         }
     }
@@ -127,9 +135,12 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
             self.queued.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::Internal("the coalescer has stopped".into()));
         }
-        answer
-            .await
-            .map_err(|_| Error::Internal("a coalesced statement was dropped".into()))?
+        match tokio::time::timeout(self.timeout, answer).await {
+            Ok(answer) => {
+                answer.map_err(|_| Error::Internal("a coalesced statement was dropped".into()))?
+            }
+            Err(elapsed) => Err(Error::Unavailable(Box::new(elapsed))),
+        }
     }
 }
 
@@ -354,12 +365,22 @@ mod tests {
     /// A batcher over a statement that records each batch it is sent and, for
     /// the batch holding `block_on`, waits until `gate` opens.
     fn batcher(workers: usize, block_on: u32, gate: Arc<Notify>) -> (Batcher<u32, u32>, Batches) {
+        batcher_timing_out(workers, block_on, gate, Duration::from_secs(30))
+    }
+
+    fn batcher_timing_out(
+        workers: usize,
+        block_on: u32,
+        gate: Arc<Notify>,
+        timeout: Duration,
+    ) -> (Batcher<u32, u32>, Batches) {
         let batches = Arc::new(StdMutex::new(Vec::new()));
         let seen = batches.clone();
         let options = CoalesceOptions {
             max_batch: 128,
             window: Duration::ZERO,
             workers,
+            timeout,
         };
         let batcher = Batcher::spawn(options, move |items: Vec<u32>| {
             let seen = seen.clone();
@@ -420,6 +441,7 @@ mod tests {
             max_batch: 128,
             window: Duration::ZERO,
             workers: 1,
+            timeout: Duration::from_secs(30),
         };
         let batcher = Batcher::spawn(options, |items: Vec<u32>| async move {
             if items.contains(&13) {
@@ -430,5 +452,33 @@ mod tests {
         });
         assert!(matches!(batcher.call(13).await, Err(Error::Unavailable(_))));
         assert_eq!(batcher.call(14).await.unwrap(), 14);
+    }
+
+    #[tokio::test]
+    async fn a_call_queued_behind_a_hung_statement_is_unavailable_within_the_timeout() {
+        let gate = Arc::new(Notify::new());
+        let timeout = Duration::from_millis(300);
+        let (batcher, batches) = batcher_timing_out(1, 0, gate.clone(), timeout);
+        let batcher = Arc::new(batcher);
+        // Call 0 hangs in the only slot (the database stopped answering).
+        let hung = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.call(0).await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while batches.lock().unwrap().is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "call 0 never ran");
+            tokio::task::yield_now().await;
+        }
+        let started = tokio::time::Instant::now();
+        let queued = batcher.call(1).await;
+        assert!(matches!(queued, Err(Error::Unavailable(_))), "{queued:?}");
+        let waited = started.elapsed();
+        assert!(
+            waited >= timeout && waited < timeout * 3,
+            "answered after {waited:?}"
+        );
+        gate.notify_one();
+        assert_eq!(hung.await.unwrap().unwrap(), 0);
     }
 }
