@@ -133,13 +133,18 @@ def check(history: History, scenario: str = "") -> Report:
         fences = collections.Counter(e["fence"] for e in accepted)
         if any(n > 1 for n in fences.values()):
             count("effects_twice", f"{key}: fencing tokens accepted twice {dict(fences)}")
-        elif first_ok_end is not None and any(e["start"] > first_ok_end for e in accepted):
+        elif first_ok_end is not None and any(
+                first_ok_end < e["start"] < first_ok_end + (history.retention or float("inf")) - 1.0
+                for e in accepted):
             count("effects_twice", f"{key}: an effect after the Complete answered OK at {first_ok_end:.3f}")
 
-        # completions lost
+        # completions lost (within the retention, less a second of margin)
         if first_ok_end is not None:
-            later = [c for c in claims if c["start"] > first_ok_end and c.get("outcome") != "COMPLETED"]
+            until = first_ok_end + history.retention - 1.0 if history.retention else float("inf")
+            later = [c for c in claims if first_ok_end < c["start"] < until and c.get("outcome") != "COMPLETED"]
             final = history.final.get(key)
+            if final is not None and final.get("start", 0.0) >= until:
+                final = None  # the record may be gone: retention passed
             if later:
                 count("lost_completions", f"{key}: completed at {first_ok_end:.3f}, then Claim at "
                                           f"{later[0]['start']:.3f} answered {later[0].get('outcome')}")
@@ -167,14 +172,19 @@ def check(history: History, scenario: str = "") -> Report:
                     leases[c["lease"]] = {"fence": c["fence"], "start": c["start"], "end": c["end"]}
                 elif first["fence"] != c["fence"]:
                     count("fencing", f"{key}: one lease, two fencing tokens {first['fence']} {c['fence']}")
-        seen = collections.Counter(l["fence"] for l in leases.values())
-        for fence, n in seen.items():
-            if n > 1:
-                count("fencing", f"{key}: fencing token {fence} granted to {n} leases")
+        # With a short retention the record may expire and the count start
+        # again at 1: only leases closer in time than the retention compare.
+        window = history.retention - 1.0 if history.retention else float("inf")
+        ordered = sorted(leases.values(), key=lambda l: l["start"])
+        for i, a in enumerate(ordered):
+            for b in ordered[i + 1:]:
+                if a["fence"] == b["fence"] and b["start"] - a["start"] < window:
+                    count("fencing", f"{key}: fencing token {a['fence']} granted to two leases "
+                                     f"(at {a['start']:.3f} and {b['start']:.3f})")
         ordered = sorted(leases.values(), key=lambda l: l["end"])
         for a in ordered:
             for b in ordered:
-                if a["end"] < b["start"] and a["fence"] >= b["fence"]:
+                if a["end"] < b["start"] < a["end"] + window and a["fence"] >= b["fence"]:
                     count("fencing", f"{key}: lease granted at {b['start']:.3f} has fencing token "
                                      f"{b['fence']} <= {a['fence']} returned at {a['end']:.3f}")
 

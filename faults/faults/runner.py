@@ -188,7 +188,8 @@ def print_report(report: Report) -> None:
 
 async def run_all(names: List[str], ci: bool, duration: Optional[float], command: str) -> Tuple[bool, List[Report]]:
     found = discover()
-    selected = names or list(found)
+    # In --ci, scenarios with `ci = False` (long soaks) run only when named.
+    selected = names or [n for n, s in found.items() if not ci or getattr(s, "ci", True)]
     unknown = [n for n in selected if n not in found]
     if unknown:
         print(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(found)}")

@@ -191,6 +191,8 @@ class Scenario:
     #: after the final check, every running replica must answer health
     #: SERVING within 10 s (the service resumes by itself); False: not checked
     health_at_end: bool = True
+    #: False: left out of `run.sh --ci` unless named (long soaks)
+    ci: bool = True
 
     def available(self) -> Optional[str]:
         """None when the scenario can run here, else why not (a missing tool

@@ -80,6 +80,9 @@ class Options:
     retry: Optional[RetryPolicy] = None
     #: reaper interval of the replicas (the final check waits that long too)
     reaper_interval: float = 1.0
+    #: retention of every Claim and Complete, seconds (None: the server's
+    #: default, 24 h); the checker looks for lost completions only within it
+    retention: Optional[float] = None
 
 
 class History:
@@ -99,6 +102,8 @@ class History:
         #: True once the final Claim of every key ran (stuck keys are counted then)
         self.final_checked = False
         self.counters: Dict[str, int] = {}
+        #: the workload's retention in seconds (None: 24 h, longer than any run)
+        self.retention: Optional[float] = None
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -245,6 +250,7 @@ class Workload:
         self._drained = asyncio.Event()
         self._timers: List[asyncio.TimerHandle] = []
         self._latest_lease_expiry = 0.0  # wall clock
+        history.retention = options.retention
 
     # -- calls -------------------------------------------------------------
     async def call(self, op: str, key: str, who: str, make: Callable[[], Awaitable[Any]],
@@ -313,7 +319,8 @@ class Workload:
         ns = self.namespace
         token = new_lease_token()
         rec, result = await self.call(
-            "Claim", key, who, lambda: self.client.claim(ns, key, lease_ttl=o.lease_ttl, lease_token=token),
+            "Claim", key, who, lambda: self.client.claim(ns, key, lease_ttl=o.lease_ttl, lease_token=token,
+                                                      retention=o.retention),
             token=token)
         if result is None:
             self._deliver(key, 0.2)  # not acked: the broker redelivers
@@ -359,7 +366,8 @@ class Workload:
                 self._deliver(key, 0.2)
             return
         response = f"{key}|{fence}|{lease[:12]}".encode()
-        rec, _ = await self.call("Complete", key, who, lambda: self.client.complete(ns, key, lease, response),
+        rec, _ = await self.call("Complete", key, who, lambda: self.client.complete(ns, key, lease, response,
+                                                                                   retention=o.retention),
                                  lease=lease, fence=fence, response=response)
         if rec["code"] != "OK":
             self._deliver(key, 0.2)  # not acked: a redelivery replays or takes over
@@ -422,7 +430,7 @@ class Workload:
                 rec, result = await self.call(
                     "Claim", key, "final", lambda: self.client.claim(ns, key, lease_ttl=5, lease_token=token),
                     token=token, final=True)
-                row: Dict[str, Any] = {"code": rec["code"]}
+                row: Dict[str, Any] = {"code": rec["code"], "start": rec["start"]}
                 if result is not None:
                     self._claimed(rec, result)
                     row["outcome"] = result.outcome.name
