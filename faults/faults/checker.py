@@ -230,7 +230,7 @@ def check(history: History, scenario: str = "") -> Report:
 def recovery(history: History, marks: Dict[str, List[float]]) -> Optional[float]:
     """Time to recover: for each "healed" mark, how long after it attempts
     still failed (the end of the last failed attempt that ended after it and
-    started before the next "fault" mark), the longest of these; None without a "healed" mark."""
+    before the next "fault" mark), the longest of these; None without a "healed" mark."""
     heals = sorted(marks.get("healed", []))
     if not heals:
         return None
@@ -239,7 +239,7 @@ def recovery(history: History, marks: Dict[str, List[float]]) -> Optional[float]
     for heal in heals:
         next_fault = min((f for f in faults if f > heal), default=float("inf"))
         failed = [a["end"] for a in history.attempts
-                  if a["code"] in FAILURE_CODES and a["end"] >= heal and a["start"] < next_fault]
+                  if a["code"] in FAILURE_CODES and heal <= a["end"] < next_fault]
         if failed:
             worst = max(worst, max(failed) - heal)
     return round(worst, 3)
