@@ -1,5 +1,5 @@
-"""Clocks an hour apart: libfaketime (Debian's `faketime`) as a replica's
-command wrapper, a check that the wrapped binary's clock really moved (its
+"""Clocks an hour apart: libfaketime (Debian's `faketime`) preloaded into a
+replica (LD_PRELOAD + FAKETIME, preload_env()), a check that the wrapped binary's clock really moved (its
 log timestamps), and a probe that would catch any decision a replica takes by
 its own clock instead of the database's.
 
@@ -48,10 +48,37 @@ def ensure_faketime() -> str:
 
 def wrapper(offset: str) -> List[str]:
     """The command prefix that runs a program `offset` off the real clock
-    ("-1h", "+1h", "+0"); [] for no offset."""
+    ("-1h", "+1h", "+0"); [] for no offset.
+
+    Beware: the `faketime` command forks and waits for its child without
+    passing signals on, so a SIGTERM or SIGKILL sent to its PID leaves the
+    program running (an orphan). Replicas use preload_env() instead."""
     if offset in ("", "0", "+0", "-0"):
         return []
     return [ensure_faketime(), "-f", offset]
+
+
+def library() -> str:
+    """The path of libfaketime.so.1 (Debian's faketime package)."""
+    ensure_faketime()
+    import glob
+
+    for pattern in ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
+                    "/usr/local/lib/faketime/libfaketime.so.1"):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    raise FileNotFoundError("libfaketime.so.1 not found (Debian's faketime package)")
+
+
+def preload_env(offset: str) -> Dict[str, str]:
+    """Settings that put a program `offset` off the real clock with
+    libfaketime preloaded into the program itself (what `faketime -f` does,
+    minus its forking parent): the process started is the server, so
+    signals reach it. {} for no offset."""
+    if offset in ("", "0", "+0", "-0"):
+        return {}
+    return {"LD_PRELOAD": library(), "FAKETIME": offset}
 
 
 def offset_seconds(offset: str) -> float:
@@ -294,8 +321,8 @@ async def negative_control() -> ProbeResult:
 
     folder = tempfile.mkdtemp(prefix="faults-clock-negative-")
     replicas = [
-        Replica({"DATABASE_URL": f"sqlite://{folder}/shared.db", "IDEMPOTENCY_REAPER_INTERVAL": "1s"},
-                wrapper=wrapper(offset), name=name, log_dir=folder)
+        Replica({"DATABASE_URL": f"sqlite://{folder}/shared.db", "IDEMPOTENCY_REAPER_INTERVAL": "1s",
+                 **preload_env(offset)}, name=name, log_dir=folder)
         for name, offset in (("minus1h", "-1h"), ("real", "+0"), ("plus1h", "+1h"))
     ]
     try:

@@ -1,4 +1,4 @@
-"""Clock skew: 3 replicas on one PostgreSQL under libfaketime, an hour apart
+"""Clock skew: 3 replicas on one PostgreSQL under libfaketime (preloaded), an hour apart
 (replica0 at -1h, replica1 on the real clock, replica2 at +1h).
 
 The database's clock decides every lease and expiry, so no lease is taken
@@ -54,8 +54,11 @@ class ClockSkew(Scenario):
         return None
 
     async def prepare(self, env: Env) -> None:
+        # libfaketime preloaded into the server itself (LD_PRELOAD, FAKETIME),
+        # not the `faketime` command as a wrapper: that one forks and does not
+        # pass signals on, so stopping the replica would leave the server running.
         for index, offset in OFFSETS.items():
-            env.wrappers[index] = infra_clock.wrapper(offset)
+            env.replica_envs.setdefault(index, {}).update(infra_clock.preload_env(offset))
         env.note("offsets", {NAMES[i]: o for i, o in OFFSETS.items()})
 
     async def _measure_offsets(self, env: Env) -> Dict[str, Optional[float]]:
