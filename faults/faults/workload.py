@@ -26,6 +26,7 @@ import asyncio
 import contextvars
 import itertools
 import json
+import os
 import random
 import time
 import uuid
@@ -191,12 +192,17 @@ class Ledger:
 
     def __init__(self, base_url: str = MAIN_POSTGRES):
         self.base_url = base_url.rstrip("/")
-        self.name = f"faults_ledger_{uuid.uuid4().hex[:12]}"
+        # The pid in the name lets a later run drop the ledger of a run that was killed.
+        self.name = f"faults_ledger_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self.pool: Optional[asyncpg.Pool] = None
 
     async def open(self) -> None:
         admin = await asyncpg.connect(f"{self.base_url}/postgres", timeout=10)
         try:
+            for row in await admin.fetch("SELECT datname FROM pg_database WHERE datname LIKE 'faults\\_ledger\\_%'"):
+                parts = row["datname"].split("_")
+                if len(parts) == 4 and parts[2].isdigit() and not os.path.exists(f"/proc/{parts[2]}"):
+                    await admin.execute(f'DROP DATABASE IF EXISTS "{row["datname"]}" WITH (FORCE)')
             await admin.execute(f"CREATE DATABASE {self.name}")
         finally:
             await admin.close()
