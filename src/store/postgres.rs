@@ -1297,8 +1297,16 @@ impl Store for PostgresStore {
         let (events, feed) = mpsc::channel(1024);
         let replica: u64 = rand::random();
         let base = Instant::now();
+        // A pool of one of its own: sqlx's listener keeps the connection it
+        // takes, which would otherwise be the calls' pool's spare, the one
+        // health and the reaper rely on.
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(self.budget.timeout)
+            .connect_lazy_with(self.pool().connect_options().as_ref().clone());
         tokio::spawn(listen_for_purges(
-            self.pool().clone(),
+            own,
             events,
             replica,
             base,
