@@ -500,6 +500,9 @@ fn classify(error: sqlx::Error) -> Error {
             let code = db.code().unwrap_or_default();
             if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
                 code.parse().is_ok_and(transient_sqlite_code)
+            } else if pooled_in_transaction_mode(&code) {
+                warn_of_transaction_pooling(db.message());
+                true
             } else {
                 transient_sqlstate(&code)
             }
@@ -511,6 +514,34 @@ fn classify(error: sqlx::Error) -> Error {
     } else {
         Error::Internal(Box::new(error))
     }
+}
+
+/// SQLSTATEs a session never sees for its own prepared statements, unless
+/// something hands its statements to other sessions: 42P05 (a prepared
+/// statement of that name already exists) and 26000 (it does not exist). That
+/// is a connection pooler in transaction mode (PgBouncer's `pool_mode =
+/// transaction` before 1.21), which gives each transaction whatever server
+/// connection is free.
+fn pooled_in_transaction_mode(code: &str) -> bool {
+    matches!(code, "42P05" | "26000")
+}
+
+/// Says, once per process, what to set: the calls answer UNAVAILABLE and
+/// health NOT_SERVING until the pooler is configured for the service.
+fn warn_of_transaction_pooling(message: &str) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::error!(
+            postgres_message = message,
+            "PostgreSQL reports a prepared statement of this session missing or \
+             duplicated: the service reaches the database through a connection \
+             pooler in transaction mode (PgBouncer pool_mode = transaction), which \
+             moves prepared statements between clients. Set pool_mode = session \
+             for the service's database (PgBouncer 1.21 or later also works in \
+             transaction mode with max_prepared_statements > 0), or connect to \
+             PostgreSQL directly; see docs/operations.md, \"Behind PgBouncer\""
+        );
+    });
 }
 
 /// PostgreSQL SQLSTATEs that say "try again": class 08 (connection), 53
@@ -572,6 +603,9 @@ mod tests {
     #[test]
     fn connection_and_lock_errors_are_transient() {
         assert!(transient_sqlstate("08006"));
+        assert!(pooled_in_transaction_mode("42P05"));
+        assert!(pooled_in_transaction_mode("26000"));
+        assert!(!pooled_in_transaction_mode("42P01"));
         assert!(transient_sqlstate("57P01"));
         assert!(!transient_sqlstate("23505"));
         assert!(transient_sqlite_code(5));

@@ -708,6 +708,15 @@ fn unreachable(server: &str, error: &sqlx::Error) -> String {
             format!("cannot connect to PostgreSQL at {server}: connection refused")
         }
         sqlx::Error::Io(e) => format!("cannot connect to PostgreSQL at {server}: {e}"),
+        sqlx::Error::Database(e) if e.message().contains("unsupported startup parameter") => {
+            format!(
+                "the server at {server} refused the connection: {} (a connection pooler such as \
+                 PgBouncer: set ignore_startup_parameters = extra_float_digits, options and \
+                 pool_mode = session for the service's database; see docs/operations.md, \
+                 \"Behind PgBouncer\")",
+                e.message()
+            )
+        }
         sqlx::Error::Database(e) => {
             format!(
                 "PostgreSQL at {server} refused the connection: {}",
