@@ -9,10 +9,14 @@
 #   4. the examples (examples/), each against the real server and the real
 #      broker: a webhook receiver, RabbitMQ consumers in Python and Go, a NATS
 #      JetStream consumer in TypeScript, consumers killed and redelivered;
-#   5. the benchmark scripts' smoke runs (compare.sh: the hand-written SQL,
+#   5. the fault-injection harness (faults/run.sh --ci): every scenario
+#      (replicas killed, rolling restart, PostgreSQL crash, network partition,
+#      failover, PgBouncer, clock skew, connection exhaustion, a full disk)
+#      under a workload whose history the checker reads;
+#   6. the benchmark scripts' smoke runs (compare.sh: the hand-written SQL,
 #      pgbench and idempotency-bench, briefly; large-table.sh on small tables;
 #      callgrind.sh for 100 cycles);
-#   6. the deployment checks (Helm chart, proto lint and breaking changes).
+#   7. the deployment checks (Helm chart, proto lint and breaking changes).
 #
 # Needs PostgreSQL on 127.0.0.1:5432 with trust auth for user postgres
 # (TEST_POSTGRES_URL overrides), RabbitMQ on 127.0.0.1:5672 (guest/guest) and
@@ -60,6 +64,9 @@ step "Example: RabbitMQ consumer (Go), killed and redelivered"
 bash examples/rabbitmq-go/run-tests.sh
 step "Example: NATS JetStream consumer (TypeScript)"
 bash examples/nats-typescript/run-tests.sh
+
+step "Fault injection (every scenario of faults/, a few seconds of load each)"
+bash faults/run.sh --ci
 
 step "Benchmark scripts (smoke: pgbench and the load generator, 1 s per point)"
 # Each makes its own throwaway PostgreSQL cluster (initdb), as a full run does.
