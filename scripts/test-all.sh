@@ -47,7 +47,7 @@ step "Python client"
 bash clients/python/run-tests.sh -q
 step "TypeScript client"
 bash clients/node/run-tests.sh
-step "Cross-language (Python <-> Node)"
+step "Cross-language (Python with Node, Go and Java)"
 bash clients/cross-language-test.sh
 step "Quick start (a fresh clone, the docs' install commands and snippets)"
 bash scripts/check-quickstart.sh
