@@ -46,7 +46,7 @@ func client(t *testing.T) *idempotency.Client {
 	t.Helper()
 	bin := idempotencytest.Binary()
 	if bin == "" {
-		t.Skip("idempotency-service binary not found: build it or set IDEMPOTENCY_BIN")
+		t.Fatal("idempotency-service binary not found: build it or set IDEMPOTENCY_BIN")
 	}
 	sharedOnce.Do(func() {
 		sharedDir, sharedErr = os.MkdirTemp("", "idempotency-go-test-")

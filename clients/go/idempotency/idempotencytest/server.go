@@ -74,7 +74,7 @@ func Start(t testing.TB, env ...string) *Server {
 	t.Helper()
 	bin := Binary()
 	if bin == "" {
-		t.Skip("idempotency-service binary not found: build it (cargo build --release) or set IDEMPOTENCY_BIN")
+		t.Fatal("idempotency-service binary not found: build it (cargo build --release) or set IDEMPOTENCY_BIN")
 	}
 	server, err := StartProcess(bin, t.TempDir(), env...)
 	if err != nil {
