@@ -7,7 +7,6 @@ Run by clients/cross-language-test.sh, which builds both clients first.
 import json
 import pathlib
 import subprocess
-import uuid
 
 import pytest
 
@@ -15,32 +14,16 @@ from idempotency_client import (
     ClaimItem,
     CompleteItem,
     FingerprintMismatch,
-    IdempotencyClient,
     InProgress,
     Outcome,
     derive_key,
     fingerprint,
 )
-from idempotency_client.testing import ServerProcess
 
 NODE_SIDE = pathlib.Path(__file__).with_name("node_side.js")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with ServerProcess.start(data_dir=tmp_path_factory.mktemp("cross-language")) as server:
-        yield server
 
-
-@pytest.fixture
-def client(server):
-    with IdempotencyClient(server.target) as client:
-        yield client
-
-
-@pytest.fixture
-def namespace():
-    return f"cross-{uuid.uuid4().hex[:12]}"
 
 
 def node_once(server, namespace, fields, payload, result, on_in_progress="wait"):

@@ -9,17 +9,14 @@ clients/cross-language-test.sh, which builds the Python client first.
 import json
 import pathlib
 import subprocess
-import uuid
 
 import pytest
 
 from idempotency_client import (
     FingerprintMismatch,
-    IdempotencyClient,
     derive_key,
     fingerprint,
 )
-from idempotency_client.testing import ServerProcess
 
 HERE = pathlib.Path(__file__).resolve().parent
 BUILD = HERE.parent / "go" / "build.sh"
@@ -38,21 +35,7 @@ def go_side(tmp_path_factory):
     return out / "go_side"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with ServerProcess.start(data_dir=tmp_path_factory.mktemp("cross-language-go")) as server:
-        yield server
 
-
-@pytest.fixture
-def client(server):
-    with IdempotencyClient(server.target) as client:
-        yield client
-
-
-@pytest.fixture
-def namespace():
-    return f"cross-go-{uuid.uuid4().hex[:12]}"
 
 
 def go_once(go_side, server, namespace, fields, payload, result, on_in_progress="wait"):

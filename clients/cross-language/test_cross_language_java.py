@@ -12,7 +12,6 @@ grpc-java and protobuf-java when missing. Run with the Python client's venv:
 import json
 import pathlib
 import subprocess
-import uuid
 
 import pytest
 
@@ -20,12 +19,10 @@ from idempotency_client import (
     ClaimItem,
     CompleteItem,
     FingerprintMismatch,
-    IdempotencyClient,
     Outcome,
     derive_key,
     fingerprint,
 )
-from idempotency_client.testing import ServerProcess
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "clients" / "java" / "build.sh"
@@ -39,21 +36,7 @@ def java_classpath(tmp_path_factory):
     return (out / "classpath").read_text().strip()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with ServerProcess.start(data_dir=tmp_path_factory.mktemp("cross-language-java")) as server:
-        yield server
 
-
-@pytest.fixture
-def client(server):
-    with IdempotencyClient(server.target) as client:
-        yield client
-
-
-@pytest.fixture
-def namespace():
-    return f"cross-java-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture
