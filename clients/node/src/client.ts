@@ -6,6 +6,17 @@ import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import type { ProtoGrpcType } from "./generated/idempotency";
 import type { IdempotencyServiceClient } from "./generated/idempotency/v1/IdempotencyService";
+import type {
+  CallOptions,
+  ClaimOptions,
+  CompleteOptions,
+  ExtendLeaseOptions,
+  LeaseCalls,
+  Logger,
+  PurgeOptions,
+  ReleaseOptions,
+  RetryOptions,
+} from "./calls";
 import { fromServiceError } from "./errors";
 import { runOnce, type OnceOptions, type OnceResult, type Lease } from "./once";
 import {
@@ -27,29 +38,6 @@ import {
 
 /** Each call's deadline unless the client or the call sets another: the budget of all its attempts. */
 export const DEFAULT_TIMEOUT_MS = 10_000;
-
-/**
- * How a call is retried after UNAVAILABLE, RESOURCE_EXHAUSTED or
- * DEADLINE_EXCEEDED: up to maxAttempts attempts, all within the call's
- * timeout; before attempt n+1 a pause drawn uniformly from
- * [0, min(maxBackoffMs, initialBackoffMs * multiplier^(n-1))] (full jitter).
- */
-export interface RetryOptions {
-  /** Attempts in all, the first included (default 10); 1 turns retries off. */
-  maxAttempts?: number;
-  /** The cap of the first pause, in milliseconds (default 50). */
-  initialBackoffMs?: number;
-  /** No pause is longer than this (default 2000). */
-  maxBackoffMs?: number;
-  /** Each pause's cap is the previous one's times this (default 2). */
-  multiplier?: number;
-  /**
-   * Each attempt's own deadline, in milliseconds; default: none, an attempt
-   * may use all the time left of the call's timeout. Shorter, an attempt that
-   * hangs (DEADLINE_EXCEEDED) leaves time for another, on another replica.
-   */
-  perAttemptTimeoutMs?: number;
-}
 
 export type RetryPolicy = Required<Omit<RetryOptions, "perAttemptTimeoutMs">> & { perAttemptTimeoutMs: number | undefined };
 
@@ -85,10 +73,6 @@ export function backoffMs(attempt: number, policy: RetryPolicy = DEFAULT_RETRY, 
 /** A new lease token for one logical Claim: 128 bits from the CSPRNG, as 32 lowercase hex characters. */
 export function newLeaseToken(): string {
   return randomBytes(16).toString("hex");
-}
-
-export interface Logger {
-  warn(message: string): void;
 }
 
 /** TLS settings: PEM as Buffers. Omitted roots: the system's (Node's) roots. */
@@ -127,53 +111,6 @@ export interface ClientOptions {
   interceptors?: grpc.Interceptor[];
   /** Where once() reports what it cannot throw (a failed heartbeat, a failed Release). Default: console. */
   logger?: Logger;
-}
-
-export interface CallOptions {
-  /** This call's deadline (all its attempts), in milliseconds; default: the client's timeoutMs. */
-  timeoutMs?: number;
-  /** This call's retry policy, over the client's; `false`: try once. */
-  retry?: RetryOptions | false;
-}
-
-export interface ClaimOptions extends CallOptions {
-  /** The payload's fingerprint (e.g. fingerprint(body)); empty or omitted: don't check. */
-  fingerprint?: Uint8Array;
-  /** The lease's length if this Claim wins; the server's default when omitted. */
-  leaseTtlMs?: number;
-  /** How long a completed result is kept and replayed; the server's default when omitted. */
-  retentionMs?: number;
-  /**
-   * The lease token this Claim asks for (32 lowercase hex characters, from a
-   * CSPRNG, new for every logical Claim). Default: a new one per claim() call,
-   * sent with each of its attempts, so that a retry after a lost answer gets the
-   * same lease back (`retried: true`).
-   */
-  leaseToken?: string;
-}
-
-export interface ReleaseOptions extends CallOptions {
-  /** A checkpoint to save with the release, for the next holder; omitted: the one saved before stays. */
-  checkpoint?: Uint8Array | string;
-}
-
-export interface CompleteOptions extends CallOptions {
-  retentionMs?: number;
-}
-
-export interface ExtendLeaseOptions extends CallOptions {
-  leaseTtlMs?: number;
-  /**
-   * A checkpoint to save under the lease (how far the work got), replacing the
-   * one saved before; a Claim that takes the key over receives it. Omitted: the
-   * one saved before stays. At most the server's limit (64 KiB unless configured).
-   */
-  checkpoint?: Uint8Array | string;
-}
-
-export interface PurgeOptions extends CallOptions {
-  /** Why, for the server's log (an incident or ticket reference); at most 256 bytes. */
-  reason?: string;
 }
 
 // The loader options must match the flags scripts/generate.mjs passes to
@@ -276,7 +213,7 @@ const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve,
  * its timeout (see RetryOptions), each attempt on the next address. Failed
  * calls reject with the classes in errors.ts, never with a bare grpc ServiceError.
  */
-export class IdempotencyClient {
+export class IdempotencyClient implements LeaseCalls {
   private readonly stubs: IdempotencyServiceClient[];
   private next = 0;
   private readonly authorization: string | undefined;

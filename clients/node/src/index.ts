@@ -3,6 +3,7 @@
 //   client.ts   IdempotencyClient: claim, complete, release, extendLease, get, purge,
 //               claimBatch, completeBatch, and once(); retries with backoff,
 //               several addresses
+//   calls.ts    the options of each call, and LeaseCalls: what once() uses of a client
 //   once.ts     the run-once lifecycle (Claim, work, Complete or Release, replay, heartbeat)
 //   keys.ts     deriveKey() and fingerprint(): canonical forms in clients/KEYS.md
 //   types.ts    Outcome, State and the typed results of the RPCs
@@ -18,19 +19,17 @@ export {
   newLeaseToken,
   parseTargets,
 } from "./client";
+export type { ClientOptions, RetryPolicy, TlsOptions } from "./client";
 export type {
-  ClientOptions,
   RetryOptions,
-  RetryPolicy,
   ReleaseOptions,
-  TlsOptions,
   CallOptions,
   ClaimOptions,
   CompleteOptions,
   ExtendLeaseOptions,
   PurgeOptions,
   Logger,
-} from "./client";
+} from "./calls";
 export { JSON_SERIALIZER, BYTES_SERIALIZER } from "./once";
 export type { Lease, OnceOptions, OnceResult, Serializer } from "./once";
 export { deriveKey, keyEncoding, fingerprint, canonicalJson } from "./keys";

@@ -13,7 +13,7 @@
 //   FINGERPRINT_MISMATCH throw FingerprintMismatch.
 //   IN_PROGRESS          onInProgress "wait": Claim again with backoff until
 //                        waitTimeoutMs (then throw InProgress); "throw": throw InProgress.
-import type { IdempotencyClient } from "./client";
+import type { LeaseCalls } from "./calls";
 import {
   FingerprintMismatch,
   IdempotencyError,
@@ -124,7 +124,7 @@ export function nextPause(attempt: number, claim: InProgressClaim, remainingMs: 
 }
 
 export async function runOnce<T>(
-  client: IdempotencyClient,
+  client: LeaseCalls,
   namespace: string,
   key: string,
   work: (lease: Lease) => T | Promise<T>,
@@ -168,7 +168,7 @@ export async function runOnce<T>(
 }
 
 async function runClaimed<T>(
-  client: IdempotencyClient,
+  client: LeaseCalls,
   namespace: string,
   key: string,
   claim: Claimed,
@@ -266,7 +266,7 @@ class Heartbeat {
   lost: IdempotencyError | undefined;
 
   constructor(
-    private readonly client: IdempotencyClient,
+    private readonly client: LeaseCalls,
     private readonly namespace: string,
     private readonly key: string,
     private readonly leaseToken: string,
