@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the Python client's tests (sync, asyncio, key vectors) against a real
 # idempotency-service: the embedded store, and PostgreSQL for the tests marked
-# `postgres`. Run from anywhere; extra arguments go to pytest.
+# `postgres`; first check that the generated synchronous client is current
+# (gen_sync.py --check). Run from anywhere; extra arguments go to pytest.
 #
 #   IDEMPOTENCY_BIN   the server binary (default: target/release/idempotency-service)
 #   IDEMPOTENCY_TEST_POSTGRES   PostgreSQL to create test databases on
@@ -30,4 +31,7 @@ fi
 
 bash "$repo/clients/python/setup-venv.sh"
 cd "$repo/clients/python"
+# The synchronous client is generated from the asyncio one and committed:
+# fail when _sync/ is not what gen_sync.py writes from _async/ today.
+.venv/bin/python gen_sync.py --check
 exec .venv/bin/python -m pytest "$@"

@@ -1,17 +1,26 @@
 """Python client of idempotency-service.
 
-Modules:
+Modules users import from:
   client       IdempotencyClient: Claim, Complete, Release, ExtendLease, Get, Purge,
                ClaimBatch, CompleteBatch, and once()
   aio          AsyncIdempotencyClient: the same over grpc.aio
   once         the run-once lifecycle (Claim, work, Complete or Release, replay,
-               heartbeat, checkpoints for resumable work)
+               heartbeat, checkpoints for resumable work): Once and Run
   retry        RetryPolicy: what is retried, the backoff, the overall deadline
   channels     several addresses or a dns:/// name, round-robin, retries on the next one
   keys         derive_key() and fingerprint(): canonical forms in clients/KEYS.md
   types        Outcome, State and the typed results of the RPCs
   errors       one exception class per status a caller can act on
   serializers  how once() stores results (JSON by default)
+  testing      start a real server for tests
+
+Where client, aio and once keep their code:
+  _async/      the asyncio client and once() helper: the source
+  _sync/       the synchronous ones, generated from _async/ by gen_sync.py (unasync)
+  _requests    the request builders, credentials and metadata both clients use
+  _lifecycle   the rules of once() both helpers follow (settings, errors, pacing)
+  _run         Run and AsyncRun, what the work of once() holds
+  _concurrency where asyncio and threads differ: a pause, the heartbeat
   _proto       stubs generated from proto/ by gen_proto.py (not committed)
 """
 

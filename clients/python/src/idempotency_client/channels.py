@@ -21,11 +21,17 @@ import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import grpc
+import grpc.aio
 
 from ._proto import idempotency_pb2_grpc as pb_grpc
 
 Target = Union[str, Sequence[str]]
 ChannelOptions = Optional[Sequence[Tuple[str, Any]]]
+
+#: The channel a client may be given instead of a target: grpc.aio's for the
+#: asyncio client, grpc's for the synchronous one (the name _sync/ uses).
+AsyncChannel = grpc.aio.Channel
+Channel = grpc.Channel
 
 #: Target schemes whose whole string is one gRPC target, commas included.
 WHOLE_TARGET_SCHEMES = ("ipv4", "ipv6")
@@ -182,8 +188,6 @@ def aio_endpoints(
     interceptors: Sequence[Any],
 ) -> Endpoints:
     """One grpc.aio.Channel per address; the state is read from the channel."""
-    import grpc.aio
-
     endpoints = []
     for target in targets:
         if credentials is None:
@@ -204,7 +208,16 @@ def aio_endpoints(
     return Endpoints(endpoints, lambda endpoint: endpoint.channel.get_state(try_to_connect=True))
 
 
-def aio_channel_endpoints(channel: Any) -> Endpoints:
+def aio_channel_endpoints(channel: Any, interceptors: Sequence[Any] = ()) -> Endpoints:
+    """The caller's own grpc.aio channel, as it is: grpc.aio takes interceptors
+    when a channel is made, so they cannot be added to this one."""
+    if interceptors:
+        raise TypeError("interceptors go with a target; add them to your own channel yourself")
     return Endpoints(
         [_Endpoint("<channel>", channel, pb_grpc.IdempotencyServiceStub(channel))], lambda _: None
     )
+
+
+async def close_aio(endpoints: Endpoints) -> None:
+    for channel in endpoints.channels:
+        await channel.close()

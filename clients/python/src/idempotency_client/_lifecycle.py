@@ -1,0 +1,117 @@
+"""The rules of once() that the asyncio helper and the synchronous one share:
+its settings, the errors it raises for each outcome, how it paces its waiting
+and its heartbeat.
+
+idempotency_client.once describes the lifecycle; _async/once.py (and
+_sync/once.py, generated from it) carries it out with these rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+from .errors import FingerprintMismatch, IdempotencyError, InProgress, KeyNotFound, LeaseNotCurrent
+from .serializers import JSON, Serializer
+from .types import ClaimResult, DurationLike, seconds_of
+
+log = logging.getLogger("idempotency_client")
+
+#: Errors from ExtendLease or Complete meaning "this lease is no longer ours".
+LEASE_GONE = (LeaseNotCurrent, KeyNotFound)
+
+#: The server's default lease when the caller sets none; only used to pace the heartbeat.
+SERVER_DEFAULT_LEASE_SECONDS = 30.0
+
+#: First pause while waiting on another claimant; doubles on each attempt.
+FIRST_WAIT_SECONDS = 0.1
+
+KeyLike = Union[str, Callable[..., str]]
+FingerprintLike = Union[bytes, Callable[..., bytes]]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything once() was asked, shared by the sync and async helpers."""
+
+    namespace: str
+    key: KeyLike
+    fingerprint: FingerprintLike = b""
+    lease_ttl: Optional[DurationLike] = None
+    retention: Optional[DurationLike] = None
+    on_in_progress: str = "wait"
+    wait_timeout: DurationLike = 30.0
+    serializer: Serializer = JSON
+    #: False disables it; None paces it at a third of the lease.
+    heartbeat: bool = True
+    heartbeat_interval: Optional[DurationLike] = None
+
+    def __post_init__(self):
+        if self.on_in_progress not in ("wait", "raise"):
+            raise ValueError('on_in_progress must be "wait" or "raise"')
+
+    def bound(self, args: tuple, kwargs: dict) -> "Settings":
+        """The settings for one call of a decorated function: key and fingerprint
+        may be functions of its arguments."""
+        key = self.key(*args, **kwargs) if callable(self.key) else self.key
+        fp = self.fingerprint(*args, **kwargs) if callable(self.fingerprint) else self.fingerprint
+        return dataclasses.replace(self, key=key, fingerprint=fp)
+
+    def fixed_key(self) -> str:
+        if callable(self.key) or callable(self.fingerprint):
+            raise TypeError(
+                "once(): a key or fingerprint computed from arguments needs the decorator form"
+            )
+        return self.key
+
+    def heartbeat_seconds(self) -> Optional[float]:
+        if not self.heartbeat:
+            return None
+        if self.heartbeat_interval is not None:
+            return seconds_of(self.heartbeat_interval)
+        lease = seconds_of(self.lease_ttl) or SERVER_DEFAULT_LEASE_SECONDS
+        return lease / 3
+
+
+def in_progress_error(claim: ClaimResult, settings: Settings, waited: bool) -> InProgress:
+    how = f"still in progress after waiting {seconds_of(settings.wait_timeout)} s" if waited else "in progress"
+    return InProgress(
+        f"{settings.namespace}/{settings.key}: {how} (another claimant holds the lease;"
+        f" retry after {claim.retry_after})",
+        retry_after=claim.retry_after,
+        lease_expires_at=claim.lease_expires_at,
+    )
+
+
+def fingerprint_error(settings: Settings) -> FingerprintMismatch:
+    return FingerprintMismatch(
+        f"{settings.namespace}/{settings.key}: the key was seen with another payload fingerprint"
+    )
+
+
+def unexpected_outcome(claim: ClaimResult) -> IdempotencyError:
+    return IdempotencyError(f"Claim: unexpected outcome {claim.outcome!r}")
+
+
+def next_pause(attempt: int, claim: ClaimResult, remaining: float) -> float:
+    """How long to wait before claiming again: exponential from 100 ms, so an
+    early Complete is seen soon, but never past the other lease's expiry
+    (retry_after, when it can be taken) nor past the caller's wait_timeout."""
+    pause = FIRST_WAIT_SECONDS * (2**attempt)
+    if claim.retry_after is not None:
+        pause = min(pause, max(claim.retry_after.total_seconds(), 0.01))
+    return max(0.0, min(pause, remaining))
+
+
+def add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):  # Python 3.11+
+        error.add_note(note)
+
+
+def heartbeat_timeout(interval: float, client_timeout: Optional[float]) -> float:
+    """A heartbeat's ExtendLease (retries included) ends before the next beat
+    is due, so stopping the heartbeat never waits long."""
+    bound = max(interval, 1.0)
+    return bound if client_timeout is None else min(bound, client_timeout)

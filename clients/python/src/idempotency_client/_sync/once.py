@@ -1,0 +1,210 @@
+# Generated from ../_async/once.py by clients/python/gen_sync.py (unasync): do not edit.
+# Change the asyncio source and run the script again.
+"""The run-once helper that client.once() returns: AsyncOnce for the asyncio
+client, Once for the synchronous one. idempotency_client.once describes the
+lifecycle; _lifecycle.py holds the rules both variants follow.
+
+_async/once.py is the source; _sync/once.py is generated from it by
+clients/python/gen_sync.py (unasync). This module does not import the
+client: it needs only the four calls in AsyncLeaseCalls, so the client
+imports it and not the reverse.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable, Optional, Protocol
+
+from .._concurrency import Heartbeat, sleep
+from .._lifecycle import (
+    LEASE_GONE,
+    Settings,
+    add_note,
+    fingerprint_error,
+    heartbeat_timeout,
+    in_progress_error,
+    log,
+    next_pause,
+    unexpected_outcome,
+)
+from .._run import Run
+from ..errors import IdempotencyError, LeaseLost
+from ..types import ClaimResult, CompleteResult, DurationLike, ExtendLeaseResult, Outcome, seconds_of
+
+
+class LeaseCalls(Protocol):
+    """The calls the helper makes, as the client has them."""
+
+    timeout: Optional[float]
+
+    def claim(
+        self,
+        namespace: str,
+        key: str,
+        *,
+        fingerprint: bytes = b"",
+        lease_ttl: Optional[DurationLike] = None,
+        retention: Optional[DurationLike] = None,
+    ) -> ClaimResult: ...
+
+    def complete(
+        self,
+        namespace: str,
+        key: str,
+        lease_token: str,
+        response: bytes = b"",
+        *,
+        retention: Optional[DurationLike] = None,
+    ) -> CompleteResult: ...
+
+    def release(
+        self, namespace: str, key: str, lease_token: str, *, checkpoint: Optional[bytes] = None
+    ) -> None: ...
+
+    def extend_lease(
+        self,
+        namespace: str,
+        key: str,
+        lease_token: str,
+        *,
+        lease_ttl: Optional[DurationLike] = None,
+        checkpoint: Optional[bytes] = None,
+        timeout: Optional[float] = None,
+    ) -> ExtendLeaseResult: ...
+
+
+class Once:
+    """The run-once helper; see idempotency_client.once. Made by client.once()."""
+
+    def __init__(self, client: LeaseCalls, settings: Settings):
+        self._client = client
+        self._settings = settings
+        self._run: Optional[Run] = None
+        self._heartbeat: Optional[Heartbeat] = None
+        self._key: Optional[str] = None
+
+    # -- decorator -------------------------------------------------------
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def once_per_key(*args: Any, **kwargs: Any) -> Any:
+            settings = self._settings.bound(args, kwargs)
+            return Once(self._client, settings).run(fn, *args, **kwargs)
+
+        return once_per_key
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs) once per key: its result, or the replayed one."""
+        with self as run:
+            return run(fn, *args, **kwargs)
+
+    # -- context manager -------------------------------------------------
+    def __enter__(self) -> Run:
+        if self._run is not None:
+            raise RuntimeError(f"once(): a {type(self).__name__} is entered once; call client.once() again")
+        settings = self._settings
+        self._key = key = settings.fixed_key()
+        deadline = time.monotonic() + (seconds_of(settings.wait_timeout) or 0.0)
+        attempt = 0
+        while True:
+            claim = self._client.claim(
+                settings.namespace,
+                key,
+                fingerprint=settings.fingerprint,
+                lease_ttl=settings.lease_ttl,
+                retention=settings.retention,
+            )
+            if claim.outcome is Outcome.CLAIMED:
+                self._run = run = Run(claim, replayed=False)
+                run._save = functools.partial(self._save_checkpoint, claim.lease_token)
+                self._start_heartbeat(claim)
+                return run
+            if claim.outcome is Outcome.COMPLETED:
+                self._run = Run(claim, True, settings.serializer.loads(claim.response))
+                return self._run
+            if claim.outcome is Outcome.FINGERPRINT_MISMATCH:
+                raise fingerprint_error(settings)
+            if claim.outcome is not Outcome.IN_PROGRESS:
+                raise unexpected_outcome(claim)
+            if settings.on_in_progress == "raise":
+                raise in_progress_error(claim, settings, waited=False)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise in_progress_error(claim, settings, waited=True)
+            sleep(next_pause(attempt, claim, remaining))
+            attempt += 1
+
+    def _start_heartbeat(self, claim: ClaimResult) -> None:
+        interval = self._settings.heartbeat_seconds()
+        if interval is None:
+            return
+        timeout = heartbeat_timeout(interval, self._client.timeout)
+        beat = functools.partial(self._beat, claim.lease_token, timeout)
+        self._heartbeat = Heartbeat(beat, interval)
+
+    def _beat(self, token: str, timeout: float) -> bool:
+        """One beat of the heartbeat: extend the lease. False (no more beats)
+        once the server says the lease is gone; the work learns it from the run."""
+        settings = self._settings
+        try:
+            self._client.extend_lease(
+                settings.namespace, self._key, token, lease_ttl=settings.lease_ttl, timeout=timeout
+            )
+        except LEASE_GONE as error:
+            self._run._lost = error
+            return False
+        except IdempotencyError as error:
+            # A transient failure: the lease may well still be ours, and the
+            # final Complete tells for sure.
+            log.warning("idempotency heartbeat: ExtendLease failed: %s", error)
+        return True
+
+    def _save_checkpoint(self, token: str, data: bytes) -> None:
+        settings = self._settings
+        self._client.extend_lease(
+            settings.namespace, self._key, token, lease_ttl=settings.lease_ttl, checkpoint=data
+        )
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        run = self._run
+        if run is None or run.replayed:
+            return False
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        settings = self._settings
+        token = run.claim.lease_token
+        if exc is not None:
+            self._release_after_failure(token, exc)
+            return False
+        if run._lost is not None:
+            raise LeaseLost(
+                f"{settings.namespace}/{self._key}: the lease was lost while the work ran;"
+                " the result was not stored"
+            ) from run._lost
+        try:
+            response = settings.serializer.dumps(run.result)
+        except Exception as error:
+            self._release_after_failure(token, error)
+            raise
+        try:
+            self._client.complete(
+                settings.namespace, self._key, token, response, retention=settings.retention
+            )
+        except LEASE_GONE as error:
+            raise LeaseLost(
+                f"{settings.namespace}/{self._key}: the lease was lost before Complete;"
+                " the result was not stored"
+            ) from error
+        return False
+
+    def _release_after_failure(self, token: str, failure: BaseException) -> None:
+        """Give the key back so the next delivery retries; never hide the failure."""
+        if self._run._lost is not None:
+            return  # not ours any more: nothing to release
+        try:
+            self._client.release(
+                self._settings.namespace, self._key, token, checkpoint=self._run._last_saved
+            )
+        except IdempotencyError as error:
+            log.warning("idempotency once(): Release after a failed attempt failed: %s", error)
+            add_note(failure, f"idempotency: Release after this failure also failed: {error}")
