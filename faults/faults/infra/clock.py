@@ -312,12 +312,12 @@ async def skew_probe(targets: Dict[str, str], namespace: str, rounds: int = 2, l
 # three replicas sharing one SQLite file, at -1h, real time and +1h, must
 # show early and late takeovers, wrong timestamps and results reaped early.
 #
-#     cd faults && .venv/bin/python -m faults.infra_clock
+#     cd faults && .venv/bin/python -m faults.infra.clock
 
 async def negative_control() -> ProbeResult:
     import tempfile
 
-    from .cluster import Replica
+    from ..cluster import Replica
 
     folder = tempfile.mkdtemp(prefix="faults-clock-negative-")
     replicas = [

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import List, Optional
 
-from .infra_pg import ensure_commands
+from .pg import ensure_commands
 
 PREFIX = "idemf"
 
@@ -217,7 +217,7 @@ def netem_available() -> bool:
 
 
 class Relay:
-    """A TCP relay in its own process (`python -m faults.infra_net relay`),
+    """A TCP relay in its own process (`python -m faults.infra.net relay`),
     so that the workload's event loop does not slow it: listens on
     host:port, forwards to upstream. SIGUSR1 turns on a delay line (every
     byte from the replicas, and with `both_ways` from the upstream too, is
@@ -226,7 +226,7 @@ class Relay:
 
     def __init__(self, host: str, upstream_host: str, upstream_port: int, log: Optional[str] = None,
                  both_ways: bool = False):
-        from .infra_pg import free_port
+        from .pg import free_port
         #: delay the upstream's answers too (not only what clients send)
         self.both_ways = both_ways
         self.host = host
@@ -238,9 +238,9 @@ class Relay:
 
     def start(self) -> "Relay":
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL
-        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # faults/
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "faults.infra_net", "relay", self.host, str(self.port), self.upstream[0],
+            [sys.executable, "-m", "faults.infra.net", "relay", self.host, str(self.port), self.upstream[0],
              str(self.upstream[1]), self.delay_file, "both" if self.both_ways else "up"],
             cwd=pkg_root, stdout=out, stderr=out, start_new_session=True)
         deadline = time.monotonic() + 10
@@ -343,4 +343,4 @@ if __name__ == "__main__":
         asyncio.run(_relay_main(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6],
                                 sys.argv[7:] == ["both"]))
     else:
-        sys.exit("usage: python -m faults.infra_net relay HOST PORT UPSTREAM_HOST UPSTREAM_PORT DELAY_FILE [up|both]")
+        sys.exit("usage: python -m faults.infra.net relay HOST PORT UPSTREAM_HOST UPSTREAM_PORT DELAY_FILE [up|both]")

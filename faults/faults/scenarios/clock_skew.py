@@ -7,7 +7,7 @@ over early (nor an hour late), and no result is reaped early. Checked by:
 - the workload across the three replicas (vanishing consumers' leases run
   out and are taken over on other replicas): the checker's counts are 0, no
   call fails;
-- a probe (faults/infra_clock.py skew_probe): for every ordered pair of
+- a probe (faults/infra/clock.py skew_probe): for every ordered pair of
   replicas, a key claimed on one with a 2 s lease and abandoned is claimed on
   the other every 100 ms. The takeover must come no earlier than the lease's
   lease_expires_at, by the database clock (the new lease's start, its
@@ -26,7 +26,7 @@ import os
 import time
 from typing import Dict, List, Optional
 
-from faults import infra_clock
+from faults.infra import clock
 from faults.scenario import Env, Scenario
 
 #: replica index -> faketime offset
@@ -48,7 +48,7 @@ class ClockSkew(Scenario):
 
     def available(self) -> Optional[str]:
         try:
-            infra_clock.ensure_faketime()
+            clock.ensure_faketime()
         except Exception as error:
             return f"faketime (Debian's package) is missing: {error}"
         return None
@@ -58,7 +58,7 @@ class ClockSkew(Scenario):
         # not the `faketime` command as a wrapper: that one forks and does not
         # pass signals on, so stopping the replica would leave the server running.
         for index, offset in OFFSETS.items():
-            env.replica_envs.setdefault(index, {}).update(infra_clock.preload_env(offset))
+            env.replica_envs.setdefault(index, {}).update(clock.preload_env(offset))
         env.note("offsets", {NAMES[i]: o for i, o in OFFSETS.items()})
 
     async def _measure_offsets(self, env: Env) -> Dict[str, Optional[float]]:
@@ -74,13 +74,13 @@ class ClockSkew(Scenario):
                 await client.get(f"faults-{self.name}-clock", f"clock-{index}")
                 after = time.time()
             await asyncio.sleep(0.05)  # the log line is flushed
-            stamp = infra_clock.last_log_time(replica.log)
+            stamp = clock.last_log_time(replica.log)
             if stamp is None:
                 measured[NAMES[index]] = None
                 continue
             at = stamp.timestamp()
             # The replica's clock read, by our clock, between before and after.
-            expected = infra_clock.offset_seconds(OFFSETS[index])
+            expected = clock.offset_seconds(OFFSETS[index])
             off = at - (before + after) / 2
             measured[NAMES[index]] = round(off, 3)
             env.log(f"{replica.name} ({OFFSETS[index]}): clock off by {off:+.3f} s "
@@ -104,7 +104,7 @@ class ClockSkew(Scenario):
         watcher = asyncio.create_task(watch())
         env.mark("fault")
         try:
-            result = await infra_clock.skew_probe(
+            result = await clock.skew_probe(
                 {NAMES[i]: r.target for i, r in enumerate(env.replicas)},
                 namespace=f"faults-{self.name}-probe",
                 rounds=rounds,
@@ -127,7 +127,7 @@ class ClockSkew(Scenario):
         notes = report.notes
         offsets = notes.get("clock_offsets_s") or {}
         for index, name in NAMES.items():
-            want = infra_clock.offset_seconds(OFFSETS[index])
+            want = clock.offset_seconds(OFFSETS[index])
             got = offsets.get(name)
             if got is None or abs(got - want) > 5:
                 failures.append(f"{name}'s clock is off by {got} s, not {want:+.0f} s: faketime did not apply")

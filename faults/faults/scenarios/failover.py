@@ -31,8 +31,8 @@ import asyncio
 import os
 import time
 
-from faults.infra_net import Relay
-from faults.infra_pg import sweep, Postgres, free_port
+from faults.infra.net import Relay
+from faults.infra.pg import sweep, Postgres, free_port
 from faults.scenario import Env, Scenario
 
 PRIMARY = "127.0.0.2"

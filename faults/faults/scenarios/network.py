@@ -5,7 +5,7 @@ The replicas run in a network namespace of their own (`ip netns exec` is
 their wrapper); two veth pairs join it to the host: one carries the
 replicas' database traffic, the other the clients' gRPC calls (the replicas
 listen on the namespace's end of it), so a fault on the first leaves the
-second alone. See faults/infra_net.py.
+second alone. See faults/infra/net.py.
 
 - partition: nftables in the namespace drops everything on the database
   link, both ways (no RST: connections hang, as behind a dead link);
@@ -29,7 +29,7 @@ import asyncio
 import collections
 import os
 
-from faults.infra_net import NetNs, netem_available
+from faults.infra.net import NetNs, netem_available
 from faults.scenario import Env, Scenario
 
 #: The replicas' database timeout in this scenario, seconds.

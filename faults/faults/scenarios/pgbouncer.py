@@ -35,7 +35,7 @@ import subprocess
 import time
 
 from faults.cluster import free_port, health_status, server_binary
-from faults.infra_pg import sweep, PgBouncer, Postgres, ensure_commands
+from faults.infra.pg import sweep, PgBouncer, Postgres, ensure_commands
 from faults.scenario import Env, Scenario
 
 #: A message of the service's that names what to set.
@@ -193,7 +193,7 @@ class PgBouncerScenario(Scenario):
 
 
 class _AsPostgres:
-    """The harness's PgCluster seen as infra_pg.Postgres (host and port are
+    """The harness's PgCluster seen as infra.pg.Postgres (host and port are
     all PgBouncer needs)."""
 
     def __init__(self, cluster) -> None:

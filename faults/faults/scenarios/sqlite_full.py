@@ -1,7 +1,7 @@
 """The embedded SQLite store on a full disk.
 
 One replica, `store = "sqlite"`, its IDEMPOTENCY_DATA_DIR on a small tmpfs
-(faults/infra_disk.py). Under load a filler file takes every free byte for a
+(faults/infra/disk.py). Under load a filler file takes every free byte for a
 few seconds, then is deleted. Promised: calls get UNAVAILABLE while the disk
 is full (never INTERNAL, never a panic, never an answer that was not stored),
 the file stays sound (PRAGMA integrity_check = ok, while serving and after a
@@ -27,7 +27,7 @@ from idempotency_client import Outcome
 from idempotency_client.aio import AsyncIdempotencyClient
 from idempotency_client.errors import IdempotencyError
 
-from faults import infra_disk
+from faults.infra import disk
 from faults.scenario import Env, Scenario
 
 #: attempt codes a full disk may cause (the client retries them)
@@ -58,7 +58,7 @@ class SqliteFull(Scenario):
     recovery_limit_s = 10.0
 
     def __init__(self) -> None:
-        self.disk: Optional[infra_disk.SmallDisk] = None
+        self.disk: Optional[disk.SmallDisk] = None
 
     def available(self) -> Optional[str]:
         if os.geteuid() != 0:
@@ -66,10 +66,10 @@ class SqliteFull(Scenario):
         return None
 
     async def prepare(self, env: Env) -> None:
-        swept = await asyncio.to_thread(infra_disk.sweep_stale, "faults-sqlite-full-")
+        swept = await asyncio.to_thread(disk.sweep_stale, "faults-sqlite-full-")
         if swept:
             env.log(f"unmounted the disks of killed runs: {swept}")
-        self.disk = infra_disk.SmallDisk(size_mb=self.disk_mb, prefix="faults-sqlite-full-")
+        self.disk = disk.SmallDisk(size_mb=self.disk_mb, prefix="faults-sqlite-full-")
         await asyncio.to_thread(self.disk.mount)
         env.add_cleanup(self.disk.unmount)  # even when a later step fails
         env.data_dir = pathlib.Path(self.disk.path) / "data"
@@ -182,7 +182,7 @@ class SqliteFull(Scenario):
             env.note("serving_after_space_returned_s", None)
             env.note("health_after", f"{await replica.health(timeout=0.5)}: {error}")
         # The file while serving (a reader beside the server, WAL included).
-        env.note("integrity_check_serving", await asyncio.to_thread(infra_disk.integrity_check, self._db_file(env)))
+        env.note("integrity_check_serving", await asyncio.to_thread(disk.integrity_check, self._db_file(env)))
         env.note("sizes_after", self._sizes(env))
 
     async def cleanup(self, env: Env) -> None:
@@ -196,7 +196,7 @@ class SqliteFull(Scenario):
             if re.search(r"panicked at|RUST_BACKTRACE", log):
                 failures.append(f"the replica panicked (see {replica.log})")
         if self.disk is not None and self.disk.path and os.path.exists(self._db_file(env)):
-            result = await asyncio.to_thread(infra_disk.integrity_check, self._db_file(env))
+            result = await asyncio.to_thread(disk.integrity_check, self._db_file(env))
             print(f"    [{self.name}] integrity_check after a clean stop: {result}", flush=True)
             if result != ["ok"]:
                 failures.append(f"integrity_check after a clean stop: {result}")

@@ -1,0 +1,18 @@
+"""Infrastructure the fault scenarios break or stand up, one module per kind
+(issue 25), apart from the harness proper (workload, checker, runner):
+
+- `pg`: throwaway PostgreSQL clusters on chosen addresses, streaming
+  standbys, Debian's PgBouncer, `ensure_commands()` (apt-get installs what a
+  scenario needs), `sweep()` of what killed runs left.
+- `net`: a network namespace for the replicas with the link to PostgreSQL
+  breakable on its own (nftables, netem), and a TCP relay with a delay line.
+- `clock`: libfaketime preloaded into a replica, and a probe that catches
+  decisions taken by a replica's own clock (`python -m faults.infra.clock`
+  runs its negative control).
+- `disk`: a small tmpfs that can be filled (ENOSPC), and SQLite's integrity
+  check.
+
+Each module can be tried by hand from `faults/` (`.venv/bin/python -c
+'from faults.infra import pg; ...'`); `pg`, `net` and `disk` import nothing
+of the harness.
+"""
