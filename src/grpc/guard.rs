@@ -26,7 +26,8 @@ use tower::{Layer, Service};
 
 use crate::access::{self, Credentials, Identity, Policy};
 use crate::error::Error;
-use crate::grpc::{SERVICE_NAME, code_name, status};
+use crate::grpc::proto::SERVICE_NAME;
+use crate::grpc::status::{self, code_name};
 use crate::metrics::{self, CallRecord, NamespaceLabels};
 use crate::reload::Reloading;
 use crate::tls::PeerInfo;

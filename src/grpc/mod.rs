@@ -13,6 +13,7 @@ pub mod codec;
 #[cfg(test)]
 mod fuzz;
 pub mod guard;
+pub mod proto;
 pub mod status;
 
 use std::time::{Duration, Instant, SystemTime};
@@ -34,20 +35,9 @@ const MAX_REQUEST_ID_CHARS: usize = 128;
 /// Longest purge reason kept for the log.
 const MAX_REASON_BYTES: usize = 256;
 
-/// The code generated from proto/idempotency/v1/idempotency.proto.
-pub mod proto {
-    #![allow(clippy::all, missing_docs)]
-    tonic::include_proto!("idempotency.v1");
-
-    /// The encoded descriptors, served by reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        tonic::include_file_descriptor_set!("idempotency_descriptor");
-}
-
 use proto::idempotency_service_server::IdempotencyService;
 
-/// The fully qualified service name, as health and reflection know it.
-pub const SERVICE_NAME: &str = "idempotency.v1.IdempotencyService";
+pub use self::proto::SERVICE_NAME;
 
 pub struct IdempotencyApi<S> {
     lifecycle: Lifecycle<S>,
@@ -165,7 +155,7 @@ impl CallLog {
         let (outcome, code) = match &result {
             Ok(value) => (outcome(value), "ok"),
             Err(error) => {
-                let code = code_name(status::code_of(error));
+                let code = status::code_name(status::code_of(error));
                 (code, code)
             }
         };
@@ -195,23 +185,6 @@ impl CallLog {
         result
             .map(|value| Response::new(respond(value)))
             .map_err(status::to_status)
-    }
-}
-
-pub(crate) fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        InvalidArgument => "invalid_argument",
-        NotFound => "not_found",
-        FailedPrecondition => "failed_precondition",
-        Aborted => "aborted",
-        Unauthenticated => "unauthenticated",
-        PermissionDenied => "permission_denied",
-        ResourceExhausted => "resource_exhausted",
-        DeadlineExceeded => "deadline_exceeded",
-        Unavailable => "unavailable",
-        Internal => "internal",
-        _ => "error",
     }
 }
 

@@ -42,3 +42,21 @@ pub fn code_of(error: &Error) -> Code {
         Error::Internal(_) => Code::Internal,
     }
 }
+
+/// A gRPC code as metrics and logs name it.
+pub(crate) fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        InvalidArgument => "invalid_argument",
+        NotFound => "not_found",
+        FailedPrecondition => "failed_precondition",
+        Aborted => "aborted",
+        Unauthenticated => "unauthenticated",
+        PermissionDenied => "permission_denied",
+        ResourceExhausted => "resource_exhausted",
+        DeadlineExceeded => "deadline_exceeded",
+        Unavailable => "unavailable",
+        Internal => "internal",
+        _ => "error",
+    }
+}

@@ -422,6 +422,12 @@ impl<S: Store> Store for Cached<S> {
         self.inner.pool_status()
     }
 
+    /// Another feed of the store's own (this cache follows the one it took
+    /// when it was made).
+    fn purge_feed(&self) -> Option<mpsc::Receiver<PurgeEvent>> {
+        self.inner.purge_feed()
+    }
+
     fn cache_stats(&self) -> Option<CacheStats> {
         Some(self.cache.stats())
     }

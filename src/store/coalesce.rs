@@ -340,6 +340,10 @@ impl<S: Store> Store for Coalesced<S> {
         self.inner.pool_status()
     }
 
+    fn cache_stats(&self) -> Option<super::cache::CacheStats> {
+        self.inner.cache_stats()
+    }
+
     fn purge_feed(&self) -> Option<mpsc::Receiver<super::PurgeEvent>> {
         self.inner.purge_feed()
     }

@@ -14,6 +14,7 @@
 
 pub mod cache;
 pub mod coalesce;
+pub mod one_by_one;
 pub mod postgres;
 pub mod sqlite;
 
@@ -32,6 +33,11 @@ use crate::error::Error;
 
 /// The operations the lifecycle is built from. Each is atomic on its own;
 /// none holds a transaction open across calls.
+///
+/// No method has a default body: a decorator (`cache`, `coalesce`) must say
+/// what it does with each one, so that wrapping stores in any order keeps
+/// every method's meaning (the compiler checks none is forgotten). Stores
+/// without set-based statements answer the batch forms with `one_by_one`.
 pub trait Store: Clone + Send + Sync + 'static {
     /// A short name for logs: "postgres" or "sqlite".
     fn kind(&self) -> &'static str;
@@ -91,23 +97,12 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// A Claim's first step in one round trip where the store can: inserts
     /// the key with `lease` when it has no record, else reads the record
-    /// (expired or not) without writing. The default reads, then tries the
-    /// guarded claim when the read found nothing.
+    /// (expired or not) without writing. A store without such a statement
+    /// answers with `one_by_one::claim_or_fetch`.
     fn claim_or_fetch(
         &self,
         lease: &NewLease,
-    ) -> impl Future<Output = Result<FirstClaim, Error>> + Send {
-        async move {
-            let snapshot = self.fetch(&lease.namespace, &lease.key).await?;
-            if snapshot.record.is_some() {
-                return Ok(FirstClaim::Found(snapshot));
-            }
-            Ok(match self.try_claim(lease).await? {
-                Some(lease) => FirstClaim::Inserted(lease),
-                None => FirstClaim::Raced,
-            })
-        }
-    }
+    ) -> impl Future<Output = Result<FirstClaim, Error>> + Send;
 
     /// `claim_or_fetch` for many leases, answered in order. A set-based
     /// override may answer `Raced` for a key named again after its first
@@ -115,72 +110,31 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn claim_or_fetch_many(
         &self,
         leases: &[NewLease],
-    ) -> impl Future<Output = Result<Vec<FirstClaim>, Error>> + Send {
-        async move {
-            let mut results = Vec::with_capacity(leases.len());
-            for lease in leases {
-                results.push(self.claim_or_fetch(lease).await?);
-            }
-            Ok(results)
-        }
-    }
+    ) -> impl Future<Output = Result<Vec<FirstClaim>, Error>> + Send;
 
-    /// `fetch` for many keys, answered in order. The default reads them one by
-    /// one; a store with a set-based statement overrides it.
+    /// `fetch` for many keys, answered in order (`one_by_one` where the store
+    /// has no set-based statement).
     fn fetch_many(
         &self,
         keys: &[(Namespace, Key)],
-    ) -> impl Future<Output = Result<Vec<Snapshot>, Error>> + Send {
-        async move {
-            let mut snapshots = Vec::with_capacity(keys.len());
-            for (namespace, key) in keys {
-                snapshots.push(self.fetch(namespace, key).await?);
-            }
-            Ok(snapshots)
-        }
-    }
+    ) -> impl Future<Output = Result<Vec<Snapshot>, Error>> + Send;
 
-    /// `try_claim` for many leases, answered in order. The default tries them
-    /// one by one. A set-based override may answer `None` for a key named
+    /// `try_claim` for many leases, answered in order. A set-based statement
+    /// may answer `None` for a key named
     /// again after its first occurrence (one statement cannot take a row
     /// twice); the lifecycle reads such items again.
     fn try_claim_many(
         &self,
         leases: &[NewLease],
-    ) -> impl Future<Output = Result<Vec<Option<Lease>>, Error>> + Send {
-        async move {
-            let mut results = Vec::with_capacity(leases.len());
-            for lease in leases {
-                results.push(self.try_claim(lease).await?);
-            }
-            Ok(results)
-        }
-    }
+    ) -> impl Future<Output = Result<Vec<Option<Lease>>, Error>> + Send;
 
-    /// `complete` for many completions, answered in order. The default
-    /// completes them one by one; a set-based override may answer `None` for
+    /// `complete` for many completions, answered in order. A set-based
+    /// statement may answer `None` for
     /// a repeat of the same key and token, which the lifecycle reads again.
     fn complete_many(
         &self,
         completions: &[Completion],
-    ) -> impl Future<Output = Result<Vec<Option<SystemTime>>, Error>> + Send {
-        async move {
-            let mut results = Vec::with_capacity(completions.len());
-            for c in completions {
-                results.push(
-                    self.complete(
-                        &c.namespace,
-                        &c.key,
-                        &c.lease_token,
-                        &c.response,
-                        c.retention,
-                    )
-                    .await?,
-                );
-            }
-            Ok(results)
-        }
-    }
+    ) -> impl Future<Output = Result<Vec<Option<SystemTime>>, Error>> + Send;
 
     /// Deletes up to `batch` expired records; safe to run from several
     /// replicas at once. Returns how many it deleted.
@@ -201,10 +155,8 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// `stats` for the records gauge, which every replica refreshes every
     /// minute: exact where a full count is cheap, estimated where it is not
-    /// (the default is `stats`).
-    fn stats_estimate(&self) -> impl Future<Output = Result<StoreStats, Error>> + Send {
-        self.stats()
-    }
+    /// (`stats` itself where counting is cheap).
+    fn stats_estimate(&self) -> impl Future<Output = Result<StoreStats, Error>> + Send;
 
     /// The connection pool's state right now, for metrics.
     fn pool_status(&self) -> PoolStatus;
@@ -212,15 +164,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Starts telling, in commit order, which records any process purged,
     /// with heartbeats that vouch nothing was missed: what a cache of
     /// completed records needs to stay right. `None` for a store that
-    /// cannot (the default).
-    fn purge_feed(&self) -> Option<tokio::sync::mpsc::Receiver<PurgeEvent>> {
-        None
-    }
+    /// cannot.
+    fn purge_feed(&self) -> Option<tokio::sync::mpsc::Receiver<PurgeEvent>>;
 
     /// The replay cache's counters, when the store has one.
-    fn cache_stats(&self) -> Option<cache::CacheStats> {
-        None
-    }
+    fn cache_stats(&self) -> Option<cache::CacheStats>;
 
     /// Answers when the store is usable (for health).
     fn ping(&self) -> impl Future<Output = Result<(), Error>> + Send;
@@ -458,6 +406,11 @@ impl Budget {
         }
     }
 
+    /// How long one operation may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed) as u32
     }
@@ -490,7 +443,8 @@ impl Budget {
 }
 
 /// Sorts a database error into "retry later" (the database is down, starting,
-/// overloaded or locked) and "a bug" (anything else).
+/// overloaded or locked) and "a bug" (anything else): the one place that
+/// decides it, from the two stores' own knowledge of their codes.
 fn classify(error: sqlx::Error) -> Error {
     use sqlx::Error as E;
     let transient = match &error {
@@ -500,11 +454,8 @@ fn classify(error: sqlx::Error) -> Error {
             let code = db.code().unwrap_or_default();
             if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
                 code.parse().is_ok_and(transient_sqlite_code)
-            } else if pooled_in_transaction_mode(&code) {
-                warn_of_transaction_pooling(db.message());
-                true
             } else {
-                transient_sqlstate(&code)
+                postgres::sqlstate::transient(&code, db.message())
             }
         }
         _ => false,
@@ -514,43 +465,6 @@ fn classify(error: sqlx::Error) -> Error {
     } else {
         Error::Internal(Box::new(error))
     }
-}
-
-/// SQLSTATEs a session never sees for its own prepared statements, unless
-/// something hands its statements to other sessions: 42P05 (a prepared
-/// statement of that name already exists) and 26000 (it does not exist). That
-/// is a connection pooler in transaction mode (PgBouncer's `pool_mode =
-/// transaction` before 1.21), which gives each transaction whatever server
-/// connection is free.
-fn pooled_in_transaction_mode(code: &str) -> bool {
-    matches!(code, "42P05" | "26000")
-}
-
-/// Says, once per process, what to set: the calls answer UNAVAILABLE and
-/// health NOT_SERVING until the pooler is configured for the service.
-fn warn_of_transaction_pooling(message: &str) {
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    WARNED.call_once(|| {
-        tracing::error!(
-            postgres_message = message,
-            "PostgreSQL reports a prepared statement of this session missing or \
-             duplicated: the service reaches the database through a connection \
-             pooler in transaction mode (PgBouncer pool_mode = transaction), which \
-             moves prepared statements between clients. Set pool_mode = session \
-             for the service's database (PgBouncer 1.21 or later also works in \
-             transaction mode with max_prepared_statements > 0), or connect to \
-             PostgreSQL directly; see docs/operations.md, \"Behind PgBouncer\""
-        );
-    });
-}
-
-/// PostgreSQL SQLSTATEs that say "try again": class 08 (connection), 53
-/// (insufficient resources), 57P (shutting down or starting), 58 (system),
-/// 40 (serialization failure, deadlock).
-fn transient_sqlstate(code: &str) -> bool {
-    ["08", "53", "57P", "58", "40"]
-        .iter()
-        .any(|class| code.starts_with(class))
 }
 
 /// SQLite result codes (primary code in the low byte) that say "try again":
@@ -601,13 +515,7 @@ mod tests {
     }
 
     #[test]
-    fn connection_and_lock_errors_are_transient() {
-        assert!(transient_sqlstate("08006"));
-        assert!(pooled_in_transaction_mode("42P05"));
-        assert!(pooled_in_transaction_mode("26000"));
-        assert!(!pooled_in_transaction_mode("42P01"));
-        assert!(transient_sqlstate("57P01"));
-        assert!(!transient_sqlstate("23505"));
+    fn busy_and_io_errors_of_sqlite_are_transient() {
         assert!(transient_sqlite_code(5));
         assert!(transient_sqlite_code(517));
         assert!(!transient_sqlite_code(19));

@@ -24,10 +24,14 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Row};
 
-use super::{Budget, PoolStatus, StateCount, Store, StoreOptions, StoreStats, micros};
+use super::cache::CacheStats;
+use super::{
+    Budget, FirstClaim, PoolStatus, PurgeEvent, StateCount, Store, StoreOptions, StoreStats,
+    micros, one_by_one,
+};
 use crate::domain::{
-    Checkpoint, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState,
-    Snapshot,
+    Checkpoint, Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record,
+    RecordState, Snapshot,
 };
 use crate::error::Error;
 
@@ -459,6 +463,44 @@ impl Store for SqliteStore {
                 .map_err(get)?
                 .map(system_time),
         })
+    }
+
+    /// A full count is cheap on a table one process writes.
+    async fn stats_estimate(&self) -> Result<StoreStats, Error> {
+        self.stats().await
+    }
+
+    async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
+        one_by_one::claim_or_fetch(self, lease).await
+    }
+
+    async fn claim_or_fetch_many(&self, leases: &[NewLease]) -> Result<Vec<FirstClaim>, Error> {
+        one_by_one::claim_or_fetch_many(self, leases).await
+    }
+
+    async fn fetch_many(&self, keys: &[(Namespace, Key)]) -> Result<Vec<Snapshot>, Error> {
+        one_by_one::fetch_many(self, keys).await
+    }
+
+    async fn try_claim_many(&self, leases: &[NewLease]) -> Result<Vec<Option<Lease>>, Error> {
+        one_by_one::try_claim_many(self, leases).await
+    }
+
+    async fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> Result<Vec<Option<SystemTime>>, Error> {
+        one_by_one::complete_many(self, completions).await
+    }
+
+    /// One process writes the file: nothing changes behind a cache's back,
+    /// and no cache sits in front of this store.
+    fn purge_feed(&self) -> Option<tokio::sync::mpsc::Receiver<PurgeEvent>> {
+        None
+    }
+
+    fn cache_stats(&self) -> Option<CacheStats> {
+        None
     }
 
     fn pool_status(&self) -> PoolStatus {

@@ -1,0 +1,617 @@
+//! The PostgreSQL store: the production store, shared by any number of
+//! replicas through one table.
+//!
+//! Every time comparison and every timestamp uses the database's `now()`, so
+//! replicas whose clocks disagree still agree on who holds a lease. Each
+//! transition is one statement whose WHERE clause is the rule; under READ
+//! COMMITTED, `INSERT … ON CONFLICT DO UPDATE … WHERE` re-checks that clause on
+//! the latest row version after taking the row lock, which is what makes
+//! "exactly one winner" hold across replicas.
+//!
+//! The folder keeps one concern per file: `sql` (every statement),
+//! `connections` (keeping connections between statements, and dropping dead
+//! ones after a restart), `feed` (the purge feed and its heartbeats),
+//! `sqlstate` (what the service knows of PostgreSQL's error codes), `rows`
+//! (decoding rows, binding batches), and here the `Store` impl and start-up.
+
+mod connections;
+mod feed;
+mod rows;
+mod sql;
+pub(crate) mod sqlstate;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection as _, Row};
+use time::OffsetDateTime;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use self::connections::{Connections, Suspicion, held};
+use self::rows::{
+    LeaseArrays, by_key, distinct_in_key_order, first_claim_from_row, lease_from_row,
+    snapshot_from_row, state_from, stats_from_rows, system_time,
+};
+use self::sql::*;
+use self::sqlstate::connection_lost;
+use super::{Budget, FirstClaim, PoolStatus, PurgeEvent, Store, StoreOptions, StoreStats, micros};
+use crate::domain::{
+    Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, RecordState, Snapshot,
+};
+use crate::error::Error;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+#[derive(Clone)]
+pub struct PostgresStore {
+    connections: Arc<Connections>,
+    max_connections: u32,
+    budget: Budget,
+    /// Stops the purge feed's tasks when the store closes.
+    feed_stop: CancellationToken,
+}
+
+impl PostgresStore {
+    /// Builds the pool without connecting: the service starts, reports
+    /// NOT_SERVING, and connects once the database answers.
+    pub async fn connect(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
+        let connect_options: PgConnectOptions = url
+            .parse::<PgConnectOptions>()
+            .map_err(|_| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL"))?
+            .application_name("idempotency-service")
+            .disable_statement_logging()
+            .options(SESSION_SETTINGS);
+        Ok(Self::with_options(connect_options, options))
+    }
+
+    /// The pool for already-built connection options (tests use this to give
+    /// each test its own schema).
+    pub fn with_options(connect_options: PgConnectOptions, options: &StoreOptions) -> Self {
+        // One connection more than the calls may hold, so that background
+        // statements (health, the reaper, counts, heartbeats) always find
+        // one: the calls keep theirs between statements (`Connections`).
+        let suspicion = Arc::new(Suspicion::new());
+        let checks = suspicion.clone();
+        let pool = PgPoolOptions::new()
+            .max_connections(options.pool_size + 1)
+            .min_connections(0)
+            .acquire_timeout(options.timeout)
+            // sqlx pings every connection it hands out unless told not to: a
+            // second round trip per call. Broken connections are still found,
+            // by the ping sqlx makes when a failed statement's connection is
+            // returned (see `Connections`), and by the one below for a
+            // connection opened before the last connection-level error.
+            .test_before_acquire(false)
+            .before_acquire(move |connection, meta| {
+                let suspect = Instant::now()
+                    .checked_sub(meta.age)
+                    .is_some_and(|opened| checks.covers(opened));
+                Box::pin(async move { Ok(!suspect || connection.ping().await.is_ok()) })
+            })
+            .connect_lazy_with(connect_options);
+        Self {
+            connections: Arc::new(Connections {
+                pool,
+                permits: Semaphore::new(options.pool_size as usize),
+                kept: std::sync::Mutex::default(),
+                suspicion,
+            }),
+            max_connections: options.pool_size + 1,
+            budget: Budget::new("postgresql", options.timeout),
+            feed_stop: CancellationToken::new(),
+        }
+    }
+
+    /// sqlx's pool, for the statements off the call path (migrations, the
+    /// reaper, stats, health) and the connections `Connections` takes.
+    fn pool(&self) -> &PgPool {
+        &self.connections.pool
+    }
+
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        MIGRATOR.run(self.pool()).await.map_err(|e| {
+            anyhow::anyhow!(
+                "DATABASE_URL: migrating the database at {} failed: {e}",
+                self.server()
+            )
+        })
+    }
+
+    /// Connects once, outside the pool, so that a start whose database cannot
+    /// be reached or refuses to let it in stops with one line naming
+    /// DATABASE_URL, the host and the port, and never the password. A refused
+    /// connection, or a database still starting, is tried again until the
+    /// timeout: the database may be starting beside the service.
+    pub async fn reach(&self) -> anyhow::Result<()> {
+        let options = self.pool().connect_options();
+        let timeout = self.budget.timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let server = self.server();
+        loop {
+            let error = match tokio::time::timeout_at(
+                deadline,
+                PgConnection::connect_with(&options),
+            )
+            .await
+            {
+                Ok(Ok(connection)) => {
+                    let _ = connection.close().await;
+                    return Ok(());
+                }
+                Ok(Err(error)) => error,
+                Err(_) => anyhow::bail!(
+                    "DATABASE_URL: PostgreSQL at {server} did not answer within {} (IDEMPOTENCY_DB_TIMEOUT)",
+                    humantime::format_duration(timeout)
+                ),
+            };
+            let starting = match &error {
+                sqlx::Error::Io(e) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+                sqlx::Error::Database(e) => e.code().is_some_and(|code| sqlstate::starting(&code)),
+                _ => false,
+            };
+            let retry_at = tokio::time::Instant::now() + Duration::from_millis(200);
+            if !starting || retry_at >= deadline {
+                anyhow::bail!("DATABASE_URL: {}", unreachable(&server, &error));
+            }
+            tokio::time::sleep_until(retry_at).await;
+        }
+    }
+
+    /// Where the database is, for errors: `host:port`, or the socket folder.
+    fn server(&self) -> String {
+        let options = self.pool().connect_options();
+        let port = options.get_port();
+        match options.get_socket() {
+            Some(socket) => format!("{} (port {port})", socket.display()),
+            None if options.get_host().contains(':') => format!("[{}]:{port}", options.get_host()),
+            None => format!("{}:{port}", options.get_host()),
+        }
+    }
+}
+
+/// Why a connection to `server` failed, in words that carry no credentials:
+/// sqlx's errors and PostgreSQL's messages never hold the password.
+fn unreachable(server: &str, error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            format!("cannot connect to PostgreSQL at {server}: connection refused")
+        }
+        sqlx::Error::Io(e) => format!("cannot connect to PostgreSQL at {server}: {e}"),
+        sqlx::Error::Database(e) if e.message().contains("unsupported startup parameter") => {
+            format!(
+                "the server at {server} refused the connection: {} (a connection pooler such as \
+                 PgBouncer: set ignore_startup_parameters = extra_float_digits, options and \
+                 pool_mode = session for the service's database; see docs/operations.md, \
+                 \"Behind PgBouncer\")",
+                e.message()
+            )
+        }
+        sqlx::Error::Database(e) => {
+            format!(
+                "PostgreSQL at {server} refused the connection: {}",
+                e.message()
+            )
+        }
+        sqlx::Error::Tls(e) => format!("TLS with PostgreSQL at {server} failed: {e}"),
+        other => format!("cannot connect to PostgreSQL at {server}: {other}"),
+    }
+}
+
+impl Store for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn fetch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
+        let row = self
+            .budget
+            .run(
+                "fetch",
+                held!(self, |conn| sqlx::query(FETCH)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .fetch_one(conn)),
+            )
+            .await?;
+        snapshot_from_row(&row)
+    }
+
+    async fn try_claim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
+        let row = self
+            .budget
+            .run(
+                "try_claim",
+                held!(self, |conn| sqlx::query(TRY_CLAIM)
+                    .bind(lease.namespace.as_str())
+                    .bind(lease.key.as_str())
+                    .bind(lease.lease_token.as_bytes().as_slice())
+                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                    .bind(micros(lease.lease_ttl))
+                    .bind(micros(lease.retention))
+                    .fetch_optional(conn)),
+            )
+            .await?;
+        row.map(|row| lease_from_row(&row, lease.lease_token))
+            .transpose()
+    }
+
+    async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
+        let row = self
+            .budget
+            .run(
+                "claim_or_fetch",
+                held!(self, |conn| sqlx::query(CLAIM_OR_FETCH)
+                    .bind(lease.namespace.as_str())
+                    .bind(lease.key.as_str())
+                    .bind(lease.lease_token.as_bytes().as_slice())
+                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                    .bind(micros(lease.lease_ttl))
+                    .bind(micros(lease.retention))
+                    .fetch_optional(conn)),
+            )
+            .await?;
+        match row {
+            Some(row) => first_claim_from_row(&row, lease),
+            None => Ok(FirstClaim::Raced),
+        }
+    }
+
+    async fn claim_or_fetch_many(&self, leases: &[NewLease]) -> Result<Vec<FirstClaim>, Error> {
+        if let [lease] = leases {
+            return Ok(vec![self.claim_or_fetch(lease).await?]);
+        }
+        // A key named again is left `Raced`: the lifecycle reads it again.
+        let order = distinct_in_key_order(leases, |a, b| {
+            by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
+        });
+        let arrays = LeaseArrays::new(leases, &order);
+        let rows = self
+            .budget
+            .run(
+                "claim_or_fetch_many",
+                held!(self, |conn| arrays
+                    .bind(sqlx::query(CLAIM_OR_FETCH_MANY))
+                    .fetch_all(conn)),
+            )
+            .await?;
+        let mut results = vec![FirstClaim::Raced; leases.len()];
+        for row in &rows {
+            let ord: i64 = row
+                .try_get("ord")
+                .map_err(|e| Error::Internal(Box::new(e)))?;
+            let i = usize::try_from(ord - 1)
+                .ok()
+                .and_then(|position| order.get(position).copied())
+                .ok_or_else(|| Error::Internal("a batch row names no input".into()))?;
+            results[i] = first_claim_from_row(row, &leases[i])?;
+        }
+        Ok(results)
+    }
+
+    async fn fetch_many(&self, keys: &[(Namespace, Key)]) -> Result<Vec<Snapshot>, Error> {
+        // One item: the scalar statement. Array statements cost PostgreSQL
+        // several times as much for a single row (measured: docs/benchmarks.md).
+        if let [(namespace, key)] = keys {
+            return Ok(vec![self.fetch(namespace, key).await?]);
+        }
+        let namespaces: Vec<&str> = keys.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
+        let rows = self
+            .budget
+            .run(
+                "fetch_many",
+                held!(self, |conn| sqlx::query(FETCH_MANY)
+                    .bind(&namespaces)
+                    .bind(&names)
+                    .fetch_all(conn)),
+            )
+            .await?;
+        rows.iter().map(snapshot_from_row).collect()
+    }
+
+    async fn try_claim_many(&self, leases: &[NewLease]) -> Result<Vec<Option<Lease>>, Error> {
+        if let [lease] = leases {
+            return Ok(vec![self.try_claim(lease).await?]);
+        }
+        // One lease per key: a statement cannot take the same row twice.
+        let order = distinct_in_key_order(leases, |a, b| {
+            by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
+        });
+        let arrays = LeaseArrays::new(leases, &order);
+        let rows = self
+            .budget
+            .run(
+                "try_claim_many",
+                held!(self, |conn| arrays
+                    .bind(sqlx::query(TRY_CLAIM_MANY))
+                    .fetch_all(conn)),
+            )
+            .await?;
+        let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+        let mut won = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let namespace: String = row.try_get("namespace").map_err(get)?;
+            let key: String = row.try_get("key").map_err(get)?;
+            won.insert((namespace, key), row);
+        }
+        let mut results = vec![None; leases.len()];
+        for &i in &order {
+            let lease = &leases[i];
+            let won_row = won.get(&(
+                lease.namespace.as_str().to_owned(),
+                lease.key.as_str().to_owned(),
+            ));
+            if let Some(row) = won_row {
+                results[i] = Some(lease_from_row(row, lease.lease_token)?);
+            }
+        }
+        Ok(results)
+    }
+
+    async fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> Result<Vec<Option<SystemTime>>, Error> {
+        // One item: the scalar statement, which costs PostgreSQL a third of
+        // the function's call for one row.
+        if let [c] = completions {
+            return Ok(vec![
+                self.complete(
+                    &c.namespace,
+                    &c.key,
+                    &c.lease_token,
+                    &c.response,
+                    c.retention,
+                )
+                .await?,
+            ]);
+        }
+        // In key order, so concurrent batches lock rows in the same order. A
+        // repeat of the same key and token is answered by the lifecycle.
+        let order = distinct_in_key_order(completions, |a, b| {
+            by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
+                .then_with(|| a.lease_token.as_bytes().cmp(b.lease_token.as_bytes()))
+        });
+        let namespaces: Vec<&str> = order
+            .iter()
+            .map(|&i| completions[i].namespace.as_str())
+            .collect();
+        let names: Vec<&str> = order.iter().map(|&i| completions[i].key.as_str()).collect();
+        let tokens: Vec<&[u8]> = order
+            .iter()
+            .map(|&i| completions[i].lease_token.as_bytes().as_slice())
+            .collect();
+        let responses: Vec<&[u8]> = order
+            .iter()
+            .map(|&i| completions[i].response.as_slice())
+            .collect();
+        let retentions: Vec<Option<i64>> = order
+            .iter()
+            .map(|&i| completions[i].retention.map(micros))
+            .collect();
+        let rows: Vec<(i32, OffsetDateTime)> = self
+            .budget
+            .run(
+                "complete_many",
+                held!(self, |conn| sqlx::query_as(COMPLETE_MANY)
+                    .bind(&namespaces)
+                    .bind(&names)
+                    .bind(&tokens)
+                    .bind(&responses)
+                    .bind(&retentions)
+                    .fetch_all(conn)),
+            )
+            .await?;
+        let mut results = vec![None; completions.len()];
+        for (item, expires_at) in rows {
+            let i = usize::try_from(item - 1)
+                .ok()
+                .and_then(|position| order.get(position).copied())
+                .ok_or_else(|| Error::Internal("a batch row names no input".into()))?;
+            results[i] = Some(system_time(expires_at));
+        }
+        Ok(results)
+    }
+
+    async fn complete(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+        response: &[u8],
+        retention: Option<Duration>,
+    ) -> Result<Option<SystemTime>, Error> {
+        let expires_at: Option<OffsetDateTime> = self
+            .budget
+            .run(
+                "complete",
+                held!(self, |conn| sqlx::query_scalar(COMPLETE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token.as_bytes().as_slice())
+                    .bind(response)
+                    .bind(retention.map(micros))
+                    .fetch_optional(conn)),
+            )
+            .await?;
+        Ok(expires_at.map(system_time))
+    }
+
+    async fn release(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+        checkpoint: Option<&[u8]>,
+    ) -> Result<bool, Error> {
+        let done = self
+            .budget
+            .run(
+                "release",
+                held!(self, |conn| sqlx::query(RELEASE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token.as_bytes().as_slice())
+                    .bind(checkpoint)
+                    .execute(conn)),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn extend_lease(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        checkpoint: Option<&[u8]>,
+    ) -> Result<Option<SystemTime>, Error> {
+        let lease_expires_at: Option<OffsetDateTime> = self
+            .budget
+            .run(
+                "extend_lease",
+                held!(self, |conn| sqlx::query_scalar(EXTEND_LEASE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token.as_bytes().as_slice())
+                    .bind(micros(lease_ttl))
+                    .bind(checkpoint)
+                    .fetch_optional(conn)),
+            )
+            .await?;
+        Ok(lease_expires_at.map(system_time))
+    }
+
+    async fn reap_expired(&self, batch: u32) -> Result<u64, Error> {
+        let done = self
+            .budget
+            .run(
+                "reap",
+                sqlx::query(REAP)
+                    .bind(i64::from(batch))
+                    .execute(self.pool()),
+            )
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<RecordState>, Error> {
+        let state: Option<i16> = self
+            .budget
+            .run(
+                "purge",
+                held!(once self, |conn| sqlx::query_scalar(feed::PURGE)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str())
+                    .fetch_optional(conn)),
+            )
+            .await?;
+        state.map(state_from).transpose()
+    }
+
+    async fn stats(&self) -> Result<StoreStats, Error> {
+        // Full counts: a sequential scan is the right plan here, so this
+        // transaction turns the session's settings back to the defaults.
+        let (rows, summary) = self
+            .budget
+            .run("stats", async {
+                let mut tx = self.pool().begin().await?;
+                sqlx::query(STATS_SETTINGS).execute(&mut *tx).await?;
+                let rows = sqlx::query(STATS_LIVE).fetch_all(&mut *tx).await?;
+                let summary = sqlx::query(STATS_SUMMARY).fetch_one(&mut *tx).await?;
+                tx.commit().await?;
+                Ok((rows, summary))
+            })
+            .await?;
+        stats_from_rows(&rows, &summary)
+    }
+
+    /// Counts every row while the table is small; above
+    /// EXACT_GAUGE_ROWS rows, estimates the live records from a sample of
+    /// about SAMPLE_ROWS (whole pages, TABLESAMPLE SYSTEM), counts the
+    /// expired rows through reap_at's index up to EXPIRED_COUNT_CAP, and
+    /// finds the oldest expiry there too. Every replica refreshes its gauge
+    /// every minute: a full count of 50 million rows took longer than the
+    /// store's timeout, and went on in PostgreSQL after the timeout gave up.
+    async fn stats_estimate(&self) -> Result<StoreStats, Error> {
+        let rows: Option<f32> = self
+            .budget
+            .run(
+                "stats",
+                sqlx::query_scalar(TABLE_ROWS).fetch_optional(self.pool()),
+            )
+            .await?;
+        let rows = f64::from(rows.unwrap_or(0.0));
+        if rows < EXACT_GAUGE_ROWS {
+            return self.stats().await;
+        }
+        let percent = (100.0 * SAMPLE_ROWS / rows).clamp(0.001, 100.0);
+        let (live, summary) = self
+            .budget
+            .run("stats", async {
+                let mut tx = self.pool().begin().await?;
+                sqlx::query(STATS_SETTINGS).execute(&mut *tx).await?;
+                let live = sqlx::query(STATS_LIVE_SAMPLED)
+                    .bind(percent)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                let summary = sqlx::query(STATS_SUMMARY_INDEXED)
+                    .bind(EXPIRED_COUNT_CAP)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok((live, summary))
+            })
+            .await?;
+        stats_from_rows(&live, &summary)
+    }
+
+    fn pool_status(&self) -> PoolStatus {
+        PoolStatus {
+            size: self.pool().size(),
+            idle: self.pool().num_idle() as u32 + self.connections.kept() as u32,
+            max: self.max_connections,
+            in_flight: self.budget.in_flight(),
+        }
+    }
+
+    /// Health's check. A connection-level failure here makes every
+    /// connection opened before it suspect, so that the calls after the
+    /// database comes back check theirs first.
+    async fn ping(&self) -> Result<(), Error> {
+        let suspicion = &self.connections.suspicion;
+        self.budget
+            .run("ping", async {
+                let result = sqlx::query("SELECT 1").execute(self.pool()).await;
+                if let Err(error) = &result
+                    && (connection_lost(error) || matches!(error, sqlx::Error::PoolTimedOut))
+                {
+                    suspicion.raise();
+                }
+                result
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Listens on the purges channel on a connection of its own (outside the
+    /// pool), and sends a heartbeat through it every second from the pool.
+    fn purge_feed(&self) -> Option<mpsc::Receiver<PurgeEvent>> {
+        Some(feed::start(self.pool(), &self.budget, &self.feed_stop))
+    }
+
+    /// No cache here: `cache::Cached` wraps this store.
+    fn cache_stats(&self) -> Option<super::cache::CacheStats> {
+        None
+    }
+
+    async fn close(&self) {
+        self.feed_stop.cancel();
+        self.connections.release_all();
+        self.pool().close().await;
+    }
+}
