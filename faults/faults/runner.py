@@ -78,7 +78,7 @@ async def run_scenario(scenario, ci: bool, duration: Optional[float], command: s
         reason = scenario.available() if hasattr(scenario, "available") else None
         if reason:
             raise RuntimeError(f"cannot run here: {reason}")
-        if scenario.store == "postgres":
+        if scenario.store == "postgres" and not getattr(scenario, "own_database", False):
             env.pg = PgCluster()  # its own temp folder (owned by postgres when root)
             await asyncio.to_thread(env.pg.start)
             await asyncio.to_thread(env.pg.psql, "CREATE DATABASE idempotency")

@@ -183,6 +183,9 @@ class Scenario:
     replicas: int = 3
     #: "postgres" (a throwaway cluster, env.pg) or "sqlite" (env.data_dir)
     store: str = "postgres"
+    #: store "postgres" with a database of the scenario's own: no env.pg is
+    #: made, prepare() sets env.database_url (the patroni scenario)
+    own_database: bool = False
     #: Options fields to set (consumers, duration, lease_ttl, ...); the CI
     #: run's duration wins over a "duration" here unless ci_duration is set
     workload: Dict[str, Any] = {}

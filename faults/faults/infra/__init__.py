@@ -11,8 +11,10 @@
   runs its negative control).
 - `disk`: a small tmpfs that can be filled (ENOSPC), and SQLite's integrity
   check.
+- `patroni`: etcd, Patroni nodes in synchronous_mode_strict and HAProxy
+  routing on Patroni's /primary, on free ports of 127.0.0.1 (issue 21).
 
 Each module can be tried by hand from `faults/` (`.venv/bin/python -c
-'from faults.infra import pg; ...'`); `pg`, `net` and `disk` import nothing
-of the harness.
+'from faults.infra import pg; ...'`); `pg`, `net`, `disk` and `patroni`
+import nothing of the harness.
 """
