@@ -13,16 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use common::eventually;
 use common::process::{self, ServerProcess};
-use idempotency_service::grpc::proto::idempotency_service_client::IdempotencyServiceClient;
+use common::{Client, claim_request, complete_request, eventually, get_request};
 use idempotency_service::grpc::proto::{self, Outcome};
 use tempfile::TempDir;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
-
-type Client = IdempotencyServiceClient<Channel>;
 
 const CLAIM: &str = "/idempotency.v1.IdempotencyService/Claim";
 /// The server's call timeout in this test: how long a stalled call may live.
@@ -175,10 +172,7 @@ async fn snapshot(client: &mut Client) -> Vec<proto::GetResponse> {
     for key in ["done-1", "done-2", "held"] {
         out.push(
             client
-                .get(proto::GetRequest {
-                    namespace: "victim".into(),
-                    key: key.into(),
-                })
+                .get(get_request("victim", key))
                 .await
                 .unwrap()
                 .into_inner(),
@@ -191,34 +185,29 @@ async fn seed(client: &mut Client) {
     for key in ["done-1", "done-2"] {
         let lease = client
             .claim(proto::ClaimRequest {
-                namespace: "victim".into(),
-                key: key.into(),
                 fingerprint: b"fp".to_vec(),
-                ..Default::default()
+                ..claim_request("victim", key)
             })
             .await
             .unwrap()
             .into_inner();
         client
-            .complete(proto::CompleteRequest {
-                namespace: "victim".into(),
-                key: key.into(),
-                lease_token: lease.lease_token,
-                response: format!("result of {key}").into_bytes(),
-                retention: None,
-            })
+            .complete(complete_request(
+                "victim",
+                key,
+                &lease.lease_token,
+                format!("result of {key}").as_bytes(),
+            ))
             .await
             .unwrap();
     }
     let held = client
         .claim(proto::ClaimRequest {
-            namespace: "victim".into(),
-            key: "held".into(),
             lease_ttl: Some(prost_types::Duration {
                 seconds: 3600,
                 nanos: 0,
             }),
-            ..Default::default()
+            ..claim_request("victim", "held")
         })
         .await
         .unwrap()
@@ -229,22 +218,11 @@ async fn seed(client: &mut Client) {
 /// The server answers a normal call.
 async fn still_serves(client: &mut Client, what: &str) {
     let record = client
-        .get(proto::GetRequest {
-            namespace: "victim".into(),
-            key: "done-1".into(),
-        })
+        .get(get_request("victim", "done-1"))
         .await
         .unwrap_or_else(|s| panic!("after {what} the server no longer serves: {s:?}"))
         .into_inner();
     assert_eq!(record.response, b"result of done-1", "after {what}");
-}
-
-fn claim(namespace: String, key: String) -> proto::ClaimRequest {
-    proto::ClaimRequest {
-        namespace,
-        key,
-        ..Default::default()
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,14 +249,14 @@ async fn hostile_input_neither_crashes_the_server_nor_grows_it_nor_changes_a_rec
     // Oversized fields: INVALID_ARGUMENT naming each.
     let big = |n: usize| "x".repeat(n);
     let cases = [
-        (claim(big(129), "k".into()), "namespace"),
-        (claim(big(1 << 20), "k".into()), "namespace"),
-        (claim("victim".into(), big(513)), "key"),
-        (claim("victim".into(), big(4 << 20)), "key"),
+        (claim_request(&big(129), "k"), "namespace"),
+        (claim_request(&big(1 << 20), "k"), "namespace"),
+        (claim_request("victim", &big(513)), "key"),
+        (claim_request("victim", &big(4 << 20)), "key"),
         (
             proto::ClaimRequest {
                 fingerprint: vec![7; 1 << 20],
-                ..claim("victim".into(), "fresh".into())
+                ..claim_request("victim", "fresh")
             },
             "fingerprint",
         ),
@@ -293,20 +271,19 @@ async fn hostile_input_neither_crashes_the_server_nor_grows_it_nor_changes_a_rec
         );
     }
     let status = client
-        .complete(proto::CompleteRequest {
-            namespace: "victim".into(),
-            key: "held".into(),
-            lease_token: "0".repeat(32),
-            response: vec![0; (1 << 20) + 1],
-            retention: None,
-        })
+        .complete(complete_request(
+            "victim",
+            "held",
+            &"0".repeat(32),
+            &vec![0; (1 << 20) + 1],
+        ))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().starts_with("response: "), "{status:?}");
     // Larger than any valid request: refused from the length prefix.
     let status = client
-        .claim(claim("victim".into(), big(20 << 20)))
+        .claim(claim_request("victim", &big(20 << 20)))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
@@ -377,10 +354,7 @@ async fn hostile_input_neither_crashes_the_server_nor_grows_it_nor_changes_a_rec
         "a spent deadline"
     );
     let record = client
-        .get(proto::GetRequest {
-            namespace: "victim".into(),
-            key: "too-late".into(),
-        })
+        .get(get_request("victim", "too-late"))
         .await
         .unwrap()
         .into_inner();
@@ -417,9 +391,7 @@ async fn hostile_input_neither_crashes_the_server_nor_grows_it_nor_changes_a_rec
         let mut client = client.clone();
         let attempts = &attempts;
         async move {
-            let result = client
-                .claim(claim("victim".into(), "during-stall".into()))
-                .await;
+            let result = client.claim(claim_request("victim", "during-stall")).await;
             let code = result.as_ref().map_or_else(|s| s.code(), |_| Code::Ok);
             attempts.lock().unwrap().push((stalled_at.elapsed(), code));
             (code == Code::ResourceExhausted).then_some(())
@@ -471,10 +443,7 @@ async fn hostile_input_neither_crashes_the_server_nor_grows_it_nor_changes_a_rec
             tokio::spawn(async move {
                 let mut i = w;
                 while i < SMALL_CALLS {
-                    let status = client
-                        .claim(claim(String::new(), "k".into()))
-                        .await
-                        .unwrap_err();
+                    let status = client.claim(claim_request("", "k")).await.unwrap_err();
                     assert_eq!(status.code(), Code::InvalidArgument);
                     if done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == SMALL_CALLS / 10 {
                         warm_rss.store(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);

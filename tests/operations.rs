@@ -8,18 +8,9 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::process::{ServerProcess, command, free_port, scrape};
-use common::{Backend, StoreFixture, claim_request, eventually, outcome, secs};
+use common::process::{ServerProcess, free_port, scrape, store_command};
+use common::{Backend, StoreFixture, claim_request, complete_request, eventually, outcome, secs};
 use idempotency_service::grpc::proto::{CompleteRequest, Outcome};
-
-fn store_command(store: &StoreFixture, dir: &std::path::Path) -> std::process::Command {
-    let mut command = command(dir);
-    match &store.database_url {
-        Some(url) => command.env("DATABASE_URL", url),
-        None => command.env("IDEMPOTENCY_DATA_DIR", &store.data_dir),
-    };
-    command
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_counter_moves_under_a_scripted_load() {
@@ -242,13 +233,12 @@ async fn each_call_logs_one_json_line_with_request_id_and_fencing_token_but_no_p
     .unwrap()
     .into_inner();
     client
-        .complete(CompleteRequest {
-            namespace: "payments".into(),
-            key: "evt-1".into(),
-            lease_token: claimed.lease_token.clone(),
-            response: b"SECRET-RESPONSE-BYTES".to_vec(),
-            retention: None,
-        })
+        .complete(complete_request(
+            "payments",
+            "evt-1",
+            &claimed.lease_token,
+            b"SECRET-RESPONSE-BYTES",
+        ))
         .await
         .unwrap();
     let mut lines = Vec::new();
@@ -302,13 +292,12 @@ async fn the_command_line_gets_purges_and_counts(backend: Backend) {
             .unwrap()
             .into_inner();
         client
-            .complete(CompleteRequest {
-                namespace: "shop".into(),
-                key: key.into(),
-                lease_token: claimed.lease_token,
-                response: b"{\"ok\":true}".to_vec(),
-                retention: None,
-            })
+            .complete(complete_request(
+                "shop",
+                key,
+                &claimed.lease_token,
+                b"{\"ok\":true}",
+            ))
             .await
             .unwrap();
     }

@@ -8,8 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::cluster::Cluster;
-use common::{TestServer, claim_request, eventually, outcome};
-use idempotency_service::grpc::proto::{CompleteRequest, Outcome};
+use common::{TestServer, claim_request, complete_request, eventually, outcome};
+use idempotency_service::grpc::proto::Outcome;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -30,13 +30,12 @@ async fn a_database_restart_gives_unavailable_then_recovers_without_losing_a_com
         .unwrap()
         .into_inner();
     client
-        .complete(CompleteRequest {
-            namespace: "ns".into(),
-            key: "before".into(),
-            lease_token: claimed.lease_token,
-            response: b"kept".to_vec(),
-            retention: None,
-        })
+        .complete(complete_request(
+            "ns",
+            "before",
+            &claimed.lease_token,
+            b"kept",
+        ))
         .await
         .unwrap();
 
@@ -131,13 +130,12 @@ async fn every_call_succeeds(server: &TestServer, prefix: &str, n: usize) {
                     .into_inner();
                 assert_eq!(outcome(&claimed), Outcome::Claimed, "{key}");
                 client
-                    .complete(CompleteRequest {
-                        namespace: "ns".into(),
-                        key: key.clone(),
-                        lease_token: claimed.lease_token,
-                        response: key.clone().into_bytes(),
-                        retention: None,
-                    })
+                    .complete(complete_request(
+                        "ns",
+                        &key,
+                        &claimed.lease_token,
+                        key.as_bytes(),
+                    ))
                     .await
                     .unwrap_or_else(|s| panic!("Complete {key}: {s:?}"));
             })

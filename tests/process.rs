@@ -4,18 +4,9 @@
 
 mod common;
 
-use common::process::{ServerProcess, command, free_port};
-use common::{Backend, StoreFixture, claim_request, outcome};
-use idempotency_service::grpc::proto::{CompleteRequest, Outcome};
-
-fn store_command(store: &StoreFixture, dir: &std::path::Path) -> std::process::Command {
-    let mut command = command(dir);
-    match &store.database_url {
-        Some(url) => command.env("DATABASE_URL", url),
-        None => command.env("IDEMPOTENCY_DATA_DIR", &store.data_dir),
-    };
-    command
-}
+use common::process::{ServerProcess, command, free_port, store_command};
+use common::{Backend, StoreFixture, claim_request, complete_request, outcome};
+use idempotency_service::grpc::proto::Outcome;
 
 async fn a_completed_record_survives_a_kill_9_right_after_complete(backend: Backend) {
     let store = StoreFixture::new(backend).await;
@@ -30,13 +21,12 @@ async fn a_completed_record_survives_a_kill_9_right_after_complete(backend: Back
             .unwrap()
             .into_inner();
         client
-            .complete(CompleteRequest {
-                namespace: "ns".into(),
-                key: format!("evt-{i}"),
-                lease_token: claimed.lease_token.clone(),
-                response: format!("result-{i}").into_bytes(),
-                retention: None,
-            })
+            .complete(complete_request(
+                "ns",
+                &format!("evt-{i}"),
+                &claimed.lease_token,
+                format!("result-{i}").as_bytes(),
+            ))
             .await
             .unwrap();
         tokens.push(claimed.lease_token);

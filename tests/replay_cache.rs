@@ -10,37 +10,11 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use idempotency_service::grpc::proto::{ClaimResponse, CompleteRequest, Outcome, PurgeRequest};
+use idempotency_service::grpc::proto::{ClaimResponse, Outcome, PurgeRequest};
 use idempotency_service::store::cache::FRESHNESS;
 use sqlx::Connection;
 
 const NS: &str = "webhooks";
-
-type Client =
-    idempotency_service::grpc::proto::idempotency_service_client::IdempotencyServiceClient<
-        tonic::transport::Channel,
-    >;
-
-async fn claim(client: &mut Client, key: &str) -> ClaimResponse {
-    client
-        .claim(claim_request(NS, key))
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-async fn complete(client: &mut Client, key: &str, token: &str, response: &[u8]) {
-    client
-        .complete(CompleteRequest {
-            namespace: NS.to_owned(),
-            key: key.to_owned(),
-            lease_token: token.to_owned(),
-            response: response.to_vec(),
-            retention: None,
-        })
-        .await
-        .unwrap();
-}
 
 /// Two replicas on one fresh table, both with the replay cache, and a key
 /// completed through the first and replayed by the second.
@@ -49,9 +23,9 @@ async fn two_replicas_with_a_replayed_key(key: &str) -> (StoreFixture, TestServe
     let a = TestServer::start(store.config()).await;
     let b = TestServer::start(store.config()).await;
     let (mut ca, mut cb) = (a.client.clone(), b.client.clone());
-    let claimed = claim(&mut ca, key).await;
-    complete(&mut ca, key, &claimed.lease_token, b"first").await;
-    let replay = claim(&mut cb, key).await;
+    let claimed = claim(&mut ca, NS, key).await;
+    complete(&mut ca, NS, key, &claimed.lease_token, b"first").await;
+    let replay = claim(&mut cb, NS, key).await;
     assert_eq!(outcome(&replay), Outcome::Completed);
     assert_eq!(replay.response, b"first");
     (store, a, b)
@@ -71,7 +45,7 @@ async fn until_replayed_from_memory(
     let mut sql = sqlx::PgConnection::connect(&url).await.unwrap();
     for round in 0.. {
         assert!(round < 200, "the replica never answered from memory");
-        let before = claim(&mut client.clone(), key).await.response;
+        let before = claim(&mut client.clone(), NS, key).await.response;
         let probe = format!("probe-{round}");
         sqlx::query(
             "UPDATE idempotency_records SET response = convert_to($1, 'UTF8') WHERE key = $2",
@@ -81,7 +55,7 @@ async fn until_replayed_from_memory(
         .execute(&mut sql)
         .await
         .unwrap();
-        let after = claim(&mut client.clone(), key).await.response;
+        let after = claim(&mut client.clone(), NS, key).await.response;
         if after == before && after != probe.as_bytes() {
             return sql;
         }
@@ -99,7 +73,7 @@ async fn first_claim_after_replays(
     eventually(within, || {
         let mut client = client.clone();
         async move {
-            let response = claim(&mut client, key).await;
+            let response = claim(&mut client, NS, key).await;
             (outcome(&response) != Outcome::Completed).then_some(response)
         }
     })
@@ -159,7 +133,7 @@ async fn a_replica_that_loses_its_purge_listener_forgets_what_it_held() {
         let mut client = b.client.clone();
         let stored = stored.clone();
         async move {
-            let replay = claim(&mut client, "evt_2").await;
+            let replay = claim(&mut client, NS, "evt_2").await;
             (replay.response == stored).then_some(replay)
         }
     })

@@ -13,18 +13,18 @@ use std::time::Duration;
 
 use common::pki::{self, Ca};
 use common::process::{self, ServerProcess};
-use common::{Backend, StoreFixture, TestServer, eventually};
+use common::{
+    Backend, Client, StoreFixture, TestServer, claim_request, complete_request, eventually,
+    extend_request, get_request, release_request,
+};
 use idempotency_service::access::{hash_token, new_token};
 use idempotency_service::config::Config;
-use idempotency_service::grpc::proto::idempotency_service_client::IdempotencyServiceClient;
 use idempotency_service::grpc::proto::{self, Outcome};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-
-type Client = IdempotencyServiceClient<Channel>;
 
 /// Three callers: `team-a` confined to its namespaces, `team-b` likewise, and
 /// an operator with everything, Purge included.
@@ -79,21 +79,6 @@ fn as_caller<T>(token: &str, message: T) -> Request<T> {
     request
 }
 
-fn claim(namespace: &str, key: &str) -> proto::ClaimRequest {
-    proto::ClaimRequest {
-        namespace: namespace.into(),
-        key: key.into(),
-        ..Default::default()
-    }
-}
-
-fn get(namespace: &str, key: &str) -> proto::GetRequest {
-    proto::GetRequest {
-        namespace: namespace.into(),
-        key: key.into(),
-    }
-}
-
 /// A policy file in `dir`, and a configuration on `store` that uses it.
 fn policy_config(store: &StoreFixture, dir: &Path, policy: &str) -> Config {
     let mut config = store.config();
@@ -109,7 +94,7 @@ async fn get_as(
     key: &str,
 ) -> proto::GetResponse {
     client
-        .get(as_caller(token, get(namespace, key)))
+        .get(as_caller(token, get_request(namespace, key)))
         .await
         .unwrap()
         .into_inner()
@@ -127,26 +112,25 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
 
     // team-b's records: one in progress, one completed.
     let held = client
-        .claim(as_caller(b, claim("team-b", "held")))
+        .claim(as_caller(b, claim_request("team-b", "held")))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(held.outcome(), Outcome::Claimed);
     let done = client
-        .claim(as_caller(b, claim("team-b", "done")))
+        .claim(as_caller(b, claim_request("team-b", "done")))
         .await
         .unwrap()
         .into_inner();
     client
         .complete(as_caller(
             b,
-            proto::CompleteRequest {
-                namespace: "team-b".into(),
-                key: "done".into(),
-                lease_token: done.lease_token.clone(),
-                response: b"team-b's secret result".to_vec(),
-                retention: None,
-            },
+            complete_request(
+                "team-b",
+                "done",
+                &done.lease_token,
+                b"team-b's secret result",
+            ),
         ))
         .await
         .unwrap();
@@ -158,7 +142,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
     // team-a may use its own namespaces.
     for namespace in ["team-a", "team-a/eu"] {
         let own = client
-            .claim(as_caller(a, claim(namespace, "k")))
+            .claim(as_caller(a, claim_request(namespace, "k")))
             .await
             .unwrap()
             .into_inner();
@@ -173,7 +157,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
     };
     let message = denied(
         client
-            .claim(as_caller(a, claim("team-b", "held")))
+            .claim(as_caller(a, claim_request("team-b", "held")))
             .await
             .map(|_| ()),
         "Claim of a held key",
@@ -184,14 +168,14 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
     );
     denied(
         client
-            .claim(as_caller(a, claim("team-b", "fresh")))
+            .claim(as_caller(a, claim_request("team-b", "fresh")))
             .await
             .map(|_| ()),
         "Claim of a fresh key",
     );
     denied(
         client
-            .get(as_caller(a, get("team-b", "done")))
+            .get(as_caller(a, get_request("team-b", "done")))
             .await
             .map(|_| ()),
         "Get",
@@ -200,13 +184,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
         client
             .complete(as_caller(
                 a,
-                proto::CompleteRequest {
-                    namespace: "team-b".into(),
-                    key: "held".into(),
-                    lease_token: held.lease_token.clone(),
-                    response: b"forged".to_vec(),
-                    retention: None,
-                },
+                complete_request("team-b", "held", &held.lease_token, b"forged"),
             ))
             .await
             .map(|_| ()),
@@ -216,12 +194,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
         client
             .release(as_caller(
                 a,
-                proto::ReleaseRequest {
-                    namespace: "team-b".into(),
-                    key: "held".into(),
-                    lease_token: held.lease_token.clone(),
-                    ..Default::default()
-                },
+                release_request("team-b", "held", &held.lease_token),
             ))
             .await
             .map(|_| ()),
@@ -231,13 +204,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
         client
             .extend_lease(as_caller(
                 a,
-                proto::ExtendLeaseRequest {
-                    namespace: "team-b".into(),
-                    key: "held".into(),
-                    lease_token: held.lease_token.clone(),
-                    lease_ttl: None,
-                    ..Default::default()
-                },
+                extend_request("team-b", "held", &held.lease_token, None),
             ))
             .await
             .map(|_| ()),
@@ -248,7 +215,10 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
             .claim_batch(as_caller(
                 a,
                 proto::ClaimBatchRequest {
-                    items: vec![claim("team-a", "batch"), claim("team-b", "batch")],
+                    items: vec![
+                        claim_request("team-a", "batch"),
+                        claim_request("team-b", "batch"),
+                    ],
                 },
             ))
             .await
@@ -264,13 +234,12 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
             .complete_batch(as_caller(
                 a,
                 proto::CompleteBatchRequest {
-                    items: vec![proto::CompleteRequest {
-                        namespace: "team-b".into(),
-                        key: "held".into(),
-                        lease_token: held.lease_token.clone(),
-                        response: b"forged".to_vec(),
-                        retention: None,
-                    }],
+                    items: vec![complete_request(
+                        "team-b",
+                        "held",
+                        &held.lease_token,
+                        b"forged",
+                    )],
                 },
             ))
             .await
@@ -310,12 +279,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
     client
         .release(as_caller(
             b,
-            proto::ReleaseRequest {
-                namespace: "team-b".into(),
-                key: "held".into(),
-                lease_token: held.lease_token,
-                ..Default::default()
-            },
+            release_request("team-b", "held", &held.lease_token),
         ))
         .await
         .unwrap();
@@ -331,14 +295,17 @@ async fn calls_without_known_credentials_are_unauthenticated_and_change_nothing(
     let mut client = server.client.clone();
 
     let mut cases: Vec<(&str, Request<proto::ClaimRequest>)> = vec![
-        ("no credentials", Request::new(claim("team-a", "k"))),
+        ("no credentials", Request::new(claim_request("team-a", "k"))),
         (
             "an unknown token",
-            as_caller(&new_token(), claim("team-a", "k")),
+            as_caller(&new_token(), claim_request("team-a", "k")),
         ),
-        ("an empty token", as_caller("", claim("team-a", "k"))),
+        (
+            "an empty token",
+            as_caller("", claim_request("team-a", "k")),
+        ),
     ];
-    let mut basic = Request::new(claim("team-a", "k"));
+    let mut basic = Request::new(claim_request("team-a", "k"));
     basic
         .metadata_mut()
         .insert("authorization", "Basic dGVhbS1hOnB3".parse().unwrap());
@@ -349,7 +316,10 @@ async fn calls_without_known_credentials_are_unauthenticated_and_change_nothing(
     }
     // A valid token of another identity's hash (the hash is not the token).
     let status = client
-        .claim(as_caller(&hash_token(&callers.a), claim("team-a", "k")))
+        .claim(as_caller(
+            &hash_token(&callers.a),
+            claim_request("team-a", "k"),
+        ))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
@@ -396,7 +366,7 @@ async fn an_operator_may_purge_where_others_may_not() {
     let server = TestServer::start(policy_config(&store, dir.path(), &callers.policy())).await;
     let mut client = server.client.clone();
     client
-        .claim(as_caller(&callers.a, claim("team-a", "k")))
+        .claim(as_caller(&callers.a, claim_request("team-a", "k")))
         .await
         .unwrap();
     let purge = || proto::PurgeRequest {
@@ -438,7 +408,7 @@ async fn an_identity_over_its_rate_limit_gets_resource_exhausted() {
     let mut codes = Vec::new();
     for i in 0..5 {
         let result = client
-            .claim(as_caller(&token, claim("n", &format!("k{i}"))))
+            .claim(as_caller(&token, claim_request("n", &format!("k{i}"))))
             .await;
         codes.push(result.map_or_else(|s| s.code(), |_| Code::Ok));
     }
@@ -471,7 +441,7 @@ async fn a_changed_policy_is_picked_up_and_a_broken_one_keeps_the_last_good_one(
     let newcomer = new_token();
 
     let status = client
-        .claim(as_caller(&newcomer, claim("team-c", "k")))
+        .claim(as_caller(&newcomer, claim_request("team-c", "k")))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
@@ -487,7 +457,7 @@ async fn a_changed_policy_is_picked_up_and_a_broken_one_keeps_the_last_good_one(
         let newcomer = newcomer.clone();
         async move {
             client
-                .claim(as_caller(&newcomer, claim("team-c", "k")))
+                .claim(as_caller(&newcomer, claim_request("team-c", "k")))
                 .await
                 .ok()
         }
@@ -505,7 +475,7 @@ async fn a_changed_policy_is_picked_up_and_a_broken_one_keeps_the_last_good_one(
     .await;
     assert!(refused.is_some(), "the server never read the broken policy");
     let outcome = client
-        .claim(as_caller(&newcomer, claim("team-c", "k2")))
+        .claim(as_caller(&newcomer, claim_request("team-c", "k2")))
         .await
         .unwrap()
         .into_inner();
@@ -559,10 +529,10 @@ async fn claim_over(
     token: Option<&str>,
     key: &str,
 ) -> Result<Outcome, tonic::Status> {
-    let mut client = IdempotencyServiceClient::new(channel);
+    let mut client = Client::new(channel);
     let request = match token {
-        Some(token) => as_caller(token, claim("team-b", key)),
-        None => Request::new(claim("team-b", key)),
+        Some(token) => as_caller(token, claim_request("team-b", key)),
+        None => Request::new(claim_request("team-b", key)),
     };
     client
         .claim(request)

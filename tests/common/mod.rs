@@ -1,6 +1,6 @@
 //! Test helpers: a real server on 127.0.0.1:0 over a real store (a fresh
-//! PostgreSQL schema or a fresh SQLite file per test), a typed client, and
-//! polling with a deadline.
+//! PostgreSQL schema or a fresh SQLite file per test), a typed client with
+//! the requests and calls every suite makes, and polling with a deadline.
 
 #![allow(dead_code)]
 
@@ -15,7 +15,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use idempotency_service::config::Config;
 use idempotency_service::grpc::proto::idempotency_service_client::IdempotencyServiceClient;
-use idempotency_service::grpc::proto::{self, ClaimRequest, Outcome};
+use idempotency_service::grpc::proto::{
+    self, ClaimRequest, CompleteRequest, ExtendLeaseRequest, GetRequest, Outcome, ReleaseRequest,
+};
 use sqlx::Connection;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -160,7 +162,7 @@ pub fn rand_u64() -> u64 {
 /// A server running in this process, with clients connected to it.
 pub struct TestServer {
     pub addr: SocketAddr,
-    pub client: IdempotencyServiceClient<Channel>,
+    pub client: Client,
     pub health: HealthClient<Channel>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
@@ -287,12 +289,104 @@ pub fn secs(n: i64) -> Option<prost_types::Duration> {
     })
 }
 
+/// The service's typed client, as `TestServer` and `ServerProcess` hand it out.
+pub type Client = IdempotencyServiceClient<Channel>;
+
 pub fn claim_request(namespace: &str, key: &str) -> ClaimRequest {
     ClaimRequest {
         namespace: namespace.to_owned(),
         key: key.to_owned(),
         ..Default::default()
     }
+}
+
+pub fn complete_request(
+    namespace: &str,
+    key: &str,
+    lease_token: &str,
+    response: &[u8],
+) -> CompleteRequest {
+    CompleteRequest {
+        namespace: namespace.to_owned(),
+        key: key.to_owned(),
+        lease_token: lease_token.to_owned(),
+        response: response.to_vec(),
+        retention: None,
+    }
+}
+
+pub fn release_request(namespace: &str, key: &str, lease_token: &str) -> ReleaseRequest {
+    ReleaseRequest {
+        namespace: namespace.to_owned(),
+        key: key.to_owned(),
+        lease_token: lease_token.to_owned(),
+        ..Default::default()
+    }
+}
+
+pub fn extend_request(
+    namespace: &str,
+    key: &str,
+    lease_token: &str,
+    lease_ttl: Option<prost_types::Duration>,
+) -> ExtendLeaseRequest {
+    ExtendLeaseRequest {
+        namespace: namespace.to_owned(),
+        key: key.to_owned(),
+        lease_token: lease_token.to_owned(),
+        lease_ttl,
+        ..Default::default()
+    }
+}
+
+pub fn get_request(namespace: &str, key: &str) -> GetRequest {
+    GetRequest {
+        namespace: namespace.to_owned(),
+        key: key.to_owned(),
+    }
+}
+
+/// Claims `key` with the server's defaults; the call must succeed.
+pub async fn claim(client: &mut Client, namespace: &str, key: &str) -> proto::ClaimResponse {
+    client
+        .claim(claim_request(namespace, key))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Completes `key` under `lease_token`; the call must succeed.
+pub async fn complete(
+    client: &mut Client,
+    namespace: &str,
+    key: &str,
+    lease_token: &str,
+    response: &[u8],
+) -> proto::CompleteResponse {
+    client
+        .complete(complete_request(namespace, key, lease_token, response))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Gets `key`'s record; the call must succeed.
+pub async fn get(client: &mut Client, namespace: &str, key: &str) -> proto::GetResponse {
+    client
+        .get(get_request(namespace, key))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The call failed with `code`; returns its status for the message.
+pub fn assert_code<T: std::fmt::Debug>(
+    result: Result<T, tonic::Status>,
+    code: tonic::Code,
+) -> tonic::Status {
+    let status = result.expect_err("expected an error status");
+    assert_eq!(status.code(), code, "unexpected status: {status:?}");
+    status
 }
 
 pub fn outcome(response: &proto::ClaimResponse) -> Outcome {

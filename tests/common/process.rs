@@ -13,7 +13,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use super::eventually;
+use super::{Client, StoreFixture, eventually};
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_idempotency-service");
 
@@ -39,6 +39,17 @@ pub fn command(dir: &Path) -> Command {
     // Metrics off unless a test asks: the default port is one for all.
     command.env("IDEMPOTENCY_METRICS_ADDR", "");
     command.stdout(Stdio::null()).stderr(Stdio::null());
+    command
+}
+
+/// The binary, as `command` makes it, on `store`: its PostgreSQL URL or its
+/// SQLite data directory.
+pub fn store_command(store: &StoreFixture, dir: &Path) -> Command {
+    let mut command = command(dir);
+    match &store.database_url {
+        Some(url) => command.env("DATABASE_URL", url),
+        None => command.env("IDEMPOTENCY_DATA_DIR", &store.data_dir),
+    };
     command
 }
 
@@ -151,7 +162,7 @@ impl ServerProcess {
             .connect_lazy()
     }
 
-    pub fn client(&self) -> IdempotencyServiceClient<Channel> {
+    pub fn client(&self) -> Client {
         IdempotencyServiceClient::new(self.channel())
     }
 
