@@ -20,13 +20,18 @@ WORKDIR /build
 ENV SQLX_OFFLINE=true
 
 # Dependencies first, against stub sources: this layer, most of the build
-# time, is reused until Cargo.toml, Cargo.lock, build.rs or proto/ change.
+# time, is reused until a Cargo.toml, Cargo.lock, build.rs or proto/ change.
+# Only the service is built (-p idempotency-service): the workspace's other
+# member, the load generator (bench/loadgen), is never compiled here, but cargo
+# reads every member's manifest, so its Cargo.toml comes in with a stub main.
 COPY Cargo.toml Cargo.lock build.rs ./
+COPY bench/loadgen/Cargo.toml ./bench/loadgen/
 COPY proto ./proto
-RUN mkdir src \
+RUN mkdir src bench/loadgen/src \
  && echo 'fn main() {}' > src/main.rs \
+ && echo 'fn main() {}' > bench/loadgen/src/main.rs \
  && touch src/lib.rs \
- && cargo build --release --locked \
+ && cargo build --release --locked -p idempotency-service --bin idempotency-service \
  && rm -rf src target/release/.fingerprint/idempotency-service-* \
       target/release/deps/idempotency_service-* target/release/deps/libidempotency_service-*
 
@@ -35,7 +40,7 @@ RUN mkdir src \
 COPY src ./src
 COPY migrations ./migrations
 RUN touch src/main.rs src/lib.rs \
- && cargo build --release --locked \
+ && cargo build --release --locked -p idempotency-service --bin idempotency-service \
  && install -D -m 0755 target/release/idempotency-service /out/idempotency-service
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime

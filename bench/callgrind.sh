@@ -60,7 +60,7 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 if [[ "${BENCH_SKIP_BUILD:-0}" != 1 ]]; then
   bench_log "building the server and the load generator (release)"
-  cargo build --release --quiet --bin idempotency-service --bin idempotency-bench
+  cargo build --release --quiet --workspace --bins
 fi
 server_bin="$out/idempotency-service"
 cp "${BENCH_SERVER_BIN:-target/release/idempotency-service}" "$server_bin"

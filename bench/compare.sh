@@ -147,7 +147,7 @@ sql() { psql "$db_url" -qAtX -v ON_ERROR_STOP=1 "$@"; }
 # --- Binaries ---------------------------------------------------------------------
 if [[ "${BENCH_SKIP_BUILD:-0}" != 1 ]]; then
   log "building the server and the load generator (release)"
-  cargo build --release --quiet --bin idempotency-service --bin idempotency-bench
+  cargo build --release --quiet --workspace --bins
 fi
 server_source="${BENCH_SERVER_BIN:-target/release/idempotency-service}"
 [[ -x "$server_source" ]] || die "missing $server_source"

@@ -114,14 +114,14 @@
 # applies the service's migrations to it with `idempotency-service migrate`,
 # and drops it at the end (the throwaway cluster, with its data directory, is
 # removed too). The binaries are copied from target/release into the results
-# folder first (nothing is built: build them with `cargo build --release`), so
-# a rebuild during the run changes nothing. Results: points/*.json (one per
-# point, with the load generator's output and JSON beside it), tables/*.json
-# (sizes and statistics per step, before and after its points, and the fill's
-# timings), run.json (the settings), summary.md and summary.json (written by
-# bench/large-table.py). Only loopback addresses are used. Unlike compare.sh
-# it does not wait for a quiet machine: run it on one. Needs psql and python3
-# (and initdb/pg_ctl for the throwaway cluster).
+# folder first (nothing is built: build them with `cargo build --release
+# --workspace`), so a rebuild during the run changes nothing. Results:
+# points/*.json (one per point, with the load generator's output and JSON
+# beside it), tables/*.json (sizes and statistics per step, before and after
+# its points, and the fill's timings), run.json (the settings), summary.md and
+# summary.json (written by bench/large-table.py). Only loopback addresses are
+# used. Unlike compare.sh it does not wait for a quiet machine: run it on one.
+# Needs psql and python3 (and initdb/pg_ctl for the throwaway cluster).
 set -eEuo pipefail
 cd "$(dirname "$0")/.."
 bench_name=large-table
@@ -248,7 +248,7 @@ sql() { psql "$db_url" -qAtX -v ON_ERROR_STOP=1 "$@"; }
 
 # --- Binaries: copied, never built ---------------------------------------------------------
 for binary in idempotency-service idempotency-bench; do
-  [[ -x "target/release/$binary" ]] || die "missing target/release/$binary: run cargo build --release first"
+  [[ -x "target/release/$binary" ]] || die "missing target/release/$binary: run cargo build --release --workspace first"
   cp "target/release/$binary" "$out/bin/"
 done
 server_bin="$out/bin/idempotency-service"

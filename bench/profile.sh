@@ -56,7 +56,7 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 if [[ "${BENCH_SKIP_BUILD:-0}" != 1 ]]; then
   log "building the server and the load generator (release)"
-  cargo build --release --quiet --bin idempotency-service --bin idempotency-bench
+  cargo build --release --quiet --workspace --bins
 fi
 cp "${BENCH_SERVER_BIN:-target/release/idempotency-service}" "$out/idempotency-service"
 cp target/release/idempotency-bench "$out/"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test of the project, in one command (the README's):
-#   1. one release build, shared by everything below;
+#   1. one release build of the workspace (the service and the load generator,
+#      bench/loadgen), shared by everything below;
 #   2. the Rust suites (unit tests, the conformance suite on PostgreSQL and
 #      SQLite, outages, crashes, the binary) with cargo-nextest;
 #   3. the client suites (Python, TypeScript, Go, Java, cross-language), each
@@ -31,16 +32,16 @@ export IDEMPOTENCY_BIN="$PWD/target/release/idempotency-service"
 
 step() { printf '\n=== %s\n' "$*"; }
 
-step "release build"
-cargo build --release --locked --bins --tests
+step "release build (the workspace: the service and bench/loadgen)"
+cargo build --release --locked --workspace --bins --tests
 
 step "Rust tests (cargo nextest, release)"
 # The tests make one schema each in this database; start it empty.
 psql "$TEST_POSTGRES_URL" -qc 'DROP DATABASE IF EXISTS idempotency_test WITH (FORCE)' >/dev/null
 if command -v cargo-nextest >/dev/null 2>&1; then
-  cargo nextest run --release --locked --no-fail-fast
+  cargo nextest run --release --locked --workspace --no-fail-fast
 else
-  cargo test --release --locked --no-fail-fast
+  cargo test --release --locked --workspace --no-fail-fast
 fi
 
 step "Python client"
