@@ -10,7 +10,7 @@
 #   - pgbench with the hand-written statements (the yardstick);
 #   - pgbench with the statements the service's store sends for that
 #     operation one call at a time (bench/pgbench/*.sql, generated from
-#     src/store/postgres.rs): what the service would cost without its own
+#     src/store/postgres/sql.rs): what the service would cost without its own
 #     batching and caching;
 #   - idempotency-bench against a fresh server (the release binary, RUST_LOG=warn),
 #     one HTTP/2 connection per caller.
@@ -68,7 +68,8 @@
 #   BENCH_SKIP_BUILD=1  use the binaries in target/release as they are
 #   BENCH_SERVER_BIN    measure this server binary instead of target/release's
 #                       (another checkout's build), and
-#   BENCH_STORE_SQL     generate the as-sent pgbench scripts from this postgres.rs
+#   BENCH_STORE_SQL     generate the as-sent pgbench scripts from this sql.rs
+#                       (or an older checkout's src/store/postgres.rs)
 #   BENCH_KEEP_LOGS=1   keep pgbench's per-transaction logs
 #
 # It creates the database idempotency_bench (dropping any left over), applies
@@ -159,7 +160,7 @@ bench_bin="$out/bin/idempotency-bench"
 
 # --- The pgbench scripts ------------------------------------------------------------
 pgbench_dir="$out/pgbench"
-store_sql="${BENCH_STORE_SQL:-src/store/postgres.rs}"
+store_sql="${BENCH_STORE_SQL:-src/store/postgres/sql.rs}"
 bench/pgbench/generate.sh "$pgbench_dir" "$store_sql"
 for file in "$pgbench_dir"/*.sql; do
   if ! cmp -s "$file" "bench/pgbench/$(basename "$file")"; then
@@ -397,7 +398,7 @@ pgbench_point() { # side (handwritten|as-sent) script level
   rm -f "$out/points/$name".log*
   server_pid=""
   # The store's statements run with the settings the store gives its
-  # sessions (SESSION_SETTINGS in src/store/postgres.rs); the hand-written
+  # sessions (SESSION_SETTINGS in src/store/postgres/sql.rs); the hand-written
   # ones with the server's defaults, as a team's own code would.
   local session_settings="${BENCH_HANDWRITTEN_OPTIONS:-}"
   [[ "$side" == handwritten ]] || session_settings="-c enable_seqscan=off -c plan_cache_mode=force_generic_plan -c jit=off"
