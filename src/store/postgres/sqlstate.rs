@@ -63,11 +63,14 @@ fn warn_of_transaction_pooling(message: &str) {
 
 /// SQLSTATE classes that say "try again": 08 (connection), 53 (insufficient
 /// resources), 57P (shutting down or starting), 58 (system), 40
-/// (serialization failure, deadlock).
+/// (serialization failure, deadlock); and 25006 (a read-only transaction):
+/// the service reached a standby, as during a failover when a router sends
+/// connections to the new primary a moment before it leaves recovery.
 fn transient_class(code: &str) -> bool {
-    ["08", "53", "57P", "58", "40"]
-        .iter()
-        .any(|class| code.starts_with(class))
+    code == "25006"
+        || ["08", "53", "57P", "58", "40"]
+            .iter()
+            .any(|class| code.starts_with(class))
 }
 
 #[cfg(test)]
@@ -82,6 +85,7 @@ mod tests {
         assert!(!pooled_in_transaction_mode("42P01"));
         assert!(transient_class("57P01"));
         assert!(!transient_class("23505"));
+        assert!(transient_class("25006"));
         assert!(starting("57P03"));
     }
 }
