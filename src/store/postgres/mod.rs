@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, Connection as _, Row};
 use time::OffsetDateTime;
 use tokio::sync::{Semaphore, mpsc};
@@ -154,7 +154,10 @@ impl PostgresStore {
             };
             let retry_at = tokio::time::Instant::now() + Duration::from_millis(200);
             if !starting || retry_at >= deadline {
-                anyhow::bail!("DATABASE_URL: {}", unreachable(&server, &error));
+                anyhow::bail!(
+                    "DATABASE_URL: {}",
+                    unreachable(&server, options.get_ssl_mode(), &error)
+                );
             }
             tokio::time::sleep_until(retry_at).await;
         }
@@ -174,7 +177,7 @@ impl PostgresStore {
 
 /// Why a connection to `server` failed, in words that carry no credentials:
 /// sqlx's errors and PostgreSQL's messages never hold the password.
-fn unreachable(server: &str, error: &sqlx::Error) -> String {
+fn unreachable(server: &str, ssl_mode: PgSslMode, error: &sqlx::Error) -> String {
     match error {
         sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
             format!("cannot connect to PostgreSQL at {server}: connection refused")
@@ -195,9 +198,36 @@ fn unreachable(server: &str, error: &sqlx::Error) -> String {
                 e.message()
             )
         }
-        sqlx::Error::Tls(e) => format!("TLS with PostgreSQL at {server} failed: {e}"),
+        sqlx::Error::Tls(e) => tls_failed(server, ssl_mode, e),
         other => format!("cannot connect to PostgreSQL at {server}: {other}"),
     }
+}
+
+/// A TLS handshake that failed, in one line: the sslmode in force and what
+/// to choose instead. Under `prefer` (the default) the certificate is not
+/// verified, as with libpq, but it must still be one rustls can read (X.509
+/// v3): Citus's `CREATE EXTENSION` turns TLS on with a self-signed v1
+/// certificate, which is the usual cause. The service does not fall back to
+/// plaintext after a failed handshake (libpq's `prefer` does): a server that
+/// offers TLS gets TLS or a clear refusal, never a silent downgrade.
+fn tls_failed(server: &str, ssl_mode: PgSslMode, error: &dyn std::fmt::Display) -> String {
+    let mode = match ssl_mode {
+        PgSslMode::Disable => "disable",
+        PgSslMode::Allow => "allow",
+        PgSslMode::Prefer => "prefer",
+        PgSslMode::Require => "require",
+        PgSslMode::VerifyCa => "verify-ca",
+        PgSslMode::VerifyFull => "verify-full",
+    };
+    format!(
+        "TLS with PostgreSQL at {server} failed under sslmode={mode}: {error}; the server's \
+         certificate cannot be used (under prefer and require it is not verified, but it must \
+         be an X.509 v3 certificate: Citus's CREATE EXTENSION installs a self-signed v1 one). \
+         Choose one: add sslmode=disable to DATABASE_URL (plaintext, on a network you trust), \
+         or sslmode=verify-full with sslrootcert=<the CA's file> and a proper server \
+         certificate, or give the server a proper v3 certificate (docs/operations.md, \"TLS to \
+         PostgreSQL\")"
+    )
 }
 
 impl Store for PostgresStore {
