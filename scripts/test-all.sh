@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Every test of the project, in one command (the README's):
+#   0. what the tests need, started or installed when missing
+#      (scripts/ensure-services.sh: PostgreSQL, RabbitMQ, NATS, cargo-nextest,
+#      Node and npm, openssl, psql);
 #   1. one release build of the workspace (the service and the load generator,
 #      bench/loadgen), shared by everything below;
 #   2. the Rust suites (unit tests, the conformance suite on PostgreSQL and
@@ -19,11 +22,12 @@
 #      callgrind.sh for 100 cycles);
 #   7. the deployment checks (Helm chart, proto lint and breaking changes).
 #
-# Needs PostgreSQL on 127.0.0.1:5432 with trust auth for user postgres
+# Uses PostgreSQL on 127.0.0.1:5432 with trust auth for user postgres
 # (TEST_POSTGRES_URL overrides), RabbitMQ on 127.0.0.1:5672 (guest/guest) and
-# NATS with JetStream on 127.0.0.1:4222 (.ci/run starts them when they are
-# down). Each step installs what it lacks (pip and npm packages into gitignored
-# folders; Debian packages for Go, Java and Node).
+# NATS with JetStream on 127.0.0.1:4222; step 0 starts them when they are down
+# and installs them from Debian when they are missing. Each later step installs
+# what it lacks (pip and npm packages into gitignored folders; Debian packages
+# for Go, Java, Python's venv, valgrind and strace).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +35,9 @@ export TEST_POSTGRES_URL="${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:543
 export IDEMPOTENCY_BIN="$PWD/target/release/idempotency-service"
 
 step() { printf '\n=== %s\n' "$*"; }
+
+step "what the tests need (PostgreSQL, RabbitMQ, NATS, tools)"
+bash scripts/ensure-services.sh
 
 step "release build (the workspace: the service and bench/loadgen)"
 cargo build --release --locked --workspace --bins --tests
