@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use common::process::{self, ServerProcess};
-use common::{Client, claim_request, complete_request, eventually, get_request};
+use common::{Client, claim_request, complete, complete_request, eventually, get_request};
 use idempotency_service::grpc::proto::{self, Outcome};
 use tempfile::TempDir;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -191,15 +191,14 @@ async fn seed(client: &mut Client) {
             .await
             .unwrap()
             .into_inner();
-        client
-            .complete(complete_request(
-                "victim",
-                key,
-                &lease.lease_token,
-                format!("result of {key}").as_bytes(),
-            ))
-            .await
-            .unwrap();
+        complete(
+            client,
+            "victim",
+            key,
+            &lease.lease_token,
+            format!("result of {key}").as_bytes(),
+        )
+        .await;
     }
     let held = client
         .claim(proto::ClaimRequest {

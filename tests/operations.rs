@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::process::{ServerProcess, free_port, scrape, store_command};
-use common::{Backend, StoreFixture, claim_request, complete_request, eventually, outcome, secs};
+use common::{Backend, StoreFixture, claim, claim_request, complete, eventually, outcome, secs};
 use idempotency_service::grpc::proto::{CompleteRequest, Outcome};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -36,13 +36,7 @@ async fn every_counter_moves_under_a_scripted_load() {
     first.fingerprint = b"A".to_vec();
     let a = client.claim(first).await.unwrap().into_inner();
     assert_eq!(
-        outcome(
-            &client
-                .claim(claim_request("payments", "a"))
-                .await
-                .unwrap()
-                .into_inner()
-        ),
+        outcome(&claim(&mut client, "payments", "a").await),
         Outcome::InProgress
     );
     let complete = |key: &str, token: &str, retention| CompleteRequest {
@@ -57,13 +51,7 @@ async fn every_counter_moves_under_a_scripted_load() {
         .await
         .unwrap();
     assert_eq!(
-        outcome(
-            &client
-                .claim(claim_request("payments", "a"))
-                .await
-                .unwrap()
-                .into_inner()
-        ),
+        outcome(&claim(&mut client, "payments", "a").await),
         Outcome::Completed
     );
     let mut other = claim_request("payments", "a");
@@ -232,15 +220,14 @@ async fn each_call_logs_one_json_line_with_request_id_and_fencing_token_but_no_p
     .await
     .unwrap()
     .into_inner();
-    client
-        .complete(complete_request(
-            "payments",
-            "evt-1",
-            &claimed.lease_token,
-            b"SECRET-RESPONSE-BYTES",
-        ))
-        .await
-        .unwrap();
+    complete(
+        &mut client,
+        "payments",
+        "evt-1",
+        &claimed.lease_token,
+        b"SECRET-RESPONSE-BYTES",
+    )
+    .await;
     let mut lines = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline
@@ -286,20 +273,15 @@ async fn the_command_line_gets_purges_and_counts(backend: Backend) {
     let server = ServerProcess::start(store_command(&store, dir.path())).await;
     let mut client = server.client();
     for key in ["a", "b"] {
-        let claimed = client
-            .claim(claim_request("shop", key))
-            .await
-            .unwrap()
-            .into_inner();
-        client
-            .complete(complete_request(
-                "shop",
-                key,
-                &claimed.lease_token,
-                b"{\"ok\":true}",
-            ))
-            .await
-            .unwrap();
+        let claimed = claim(&mut client, "shop", key).await;
+        complete(
+            &mut client,
+            "shop",
+            key,
+            &claimed.lease_token,
+            b"{\"ok\":true}",
+        )
+        .await;
     }
     client.claim(claim_request("mail", "c")).await.unwrap();
 
@@ -338,11 +320,7 @@ async fn the_command_line_gets_purges_and_counts(backend: Backend) {
     );
     // Replays of "a", so that the running server may hold it in memory.
     for _ in 0..3 {
-        let replay = client
-            .claim(claim_request("shop", "a"))
-            .await
-            .unwrap()
-            .into_inner();
+        let replay = claim(&mut client, "shop", "a").await;
         assert_eq!(outcome(&replay), Outcome::Completed);
     }
     let purged = run(&["purge", "shop", "a", "--reason", "INC-1"]);
@@ -366,11 +344,7 @@ async fn the_command_line_gets_purges_and_counts(backend: Backend) {
     let again = eventually(idempotency_service::store::cache::FRESHNESS, || {
         let mut client = client.clone();
         async move {
-            let answer = client
-                .claim(claim_request("shop", "a"))
-                .await
-                .unwrap()
-                .into_inner();
+            let answer = claim(&mut client, "shop", "a").await;
             (outcome(&answer) != Outcome::Completed).then_some(answer)
         }
     })

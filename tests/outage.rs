@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::cluster::Cluster;
-use common::{TestServer, claim_request, complete_request, eventually, outcome};
+use common::{TestServer, claim, claim_request, complete, complete_request, eventually, outcome};
 use idempotency_service::grpc::proto::Outcome;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -24,20 +24,8 @@ async fn a_database_restart_gives_unavailable_then_recovers_without_losing_a_com
     let server = TestServer::start(config).await;
     let mut client = server.client.clone();
 
-    let claimed = client
-        .claim(claim_request("ns", "before"))
-        .await
-        .unwrap()
-        .into_inner();
-    client
-        .complete(complete_request(
-            "ns",
-            "before",
-            &claimed.lease_token,
-            b"kept",
-        ))
-        .await
-        .unwrap();
+    let claimed = claim(&mut client, "ns", "before").await;
+    complete(&mut client, "ns", "before", &claimed.lease_token, b"kept").await;
 
     // A crash of the database: no checkpoint, recovery from the WAL later.
     cluster.stop(true);

@@ -5,7 +5,7 @@
 mod common;
 
 use common::process::{ServerProcess, command, free_port, store_command};
-use common::{Backend, StoreFixture, claim_request, complete_request, outcome};
+use common::{Backend, StoreFixture, claim, claim_request, complete, outcome};
 use idempotency_service::grpc::proto::Outcome;
 
 async fn a_completed_record_survives_a_kill_9_right_after_complete(backend: Backend) {
@@ -15,20 +15,15 @@ async fn a_completed_record_survives_a_kill_9_right_after_complete(backend: Back
     let mut client = server.client();
     let mut tokens = Vec::new();
     for i in 0..20 {
-        let claimed = client
-            .claim(claim_request("ns", &format!("evt-{i}")))
-            .await
-            .unwrap()
-            .into_inner();
-        client
-            .complete(complete_request(
-                "ns",
-                &format!("evt-{i}"),
-                &claimed.lease_token,
-                format!("result-{i}").as_bytes(),
-            ))
-            .await
-            .unwrap();
+        let claimed = claim(&mut client, "ns", &format!("evt-{i}")).await;
+        complete(
+            &mut client,
+            "ns",
+            &format!("evt-{i}"),
+            &claimed.lease_token,
+            format!("result-{i}").as_bytes(),
+        )
+        .await;
         tokens.push(claimed.lease_token);
     }
     // No shutdown code runs: whatever Complete acknowledged must be on disk.
@@ -37,11 +32,7 @@ async fn a_completed_record_survives_a_kill_9_right_after_complete(backend: Back
     let server = ServerProcess::start(store_command(&store, dir.path())).await;
     let mut client = server.client();
     for i in 0..20 {
-        let replay = client
-            .claim(claim_request("ns", &format!("evt-{i}")))
-            .await
-            .unwrap()
-            .into_inner();
+        let replay = claim(&mut client, "ns", &format!("evt-{i}")).await;
         assert_eq!(outcome(&replay), Outcome::Completed, "evt-{i} was lost");
         assert_eq!(replay.response, format!("result-{i}").into_bytes());
     }
@@ -68,11 +59,7 @@ async fn with_no_arguments_it_serves_the_embedded_store_in_data() {
     );
     let server = ServerProcess::start(bare).await;
     let mut client = server.client();
-    let claimed = client
-        .claim(claim_request("ns", "k"))
-        .await
-        .unwrap()
-        .into_inner();
+    let claimed = claim(&mut client, "ns", "k").await;
     assert_eq!(outcome(&claimed), Outcome::Claimed);
     assert!(dir.path().join("data/idempotency.db").is_file());
     let status = server.terminate().await;
