@@ -20,25 +20,31 @@ macro_rules! insert_record {
 /// is expired (it starts afresh: fingerprint, creation time and checkpoint
 /// replaced), or released or in progress under an expired lease with no
 /// conflicting fingerprint (its checkpoint stays for the new holder). Either
-/// way the fencing counter goes on. `excluded` is the offered new record.
+/// way the fencing counter goes on. `excluded` is the offered new record,
+/// and its `created_at` is the statement's `now()`: the rule reads the clock
+/// through it because Citus runs no `now()` in an `ON CONFLICT` clause
+/// (it evaluates the inserted values on the coordinator instead). On plain
+/// PostgreSQL the two are the same value.
 macro_rules! takeover {
     () => {
         "ON CONFLICT (namespace, key) DO UPDATE SET
     state = 1,
     fencing_token = r.fencing_token + 1,
     lease_token = excluded.lease_token,
-    fingerprint = CASE WHEN r.expires_at <= now() THEN excluded.fingerprint
+    fingerprint = CASE WHEN r.expires_at <= excluded.created_at THEN excluded.fingerprint
                        ELSE coalesce(r.fingerprint, excluded.fingerprint) END,
     response = NULL,
     retention_us = excluded.retention_us,
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
-    created_at = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at END,
-    updated_at = now(),
-    checkpoint = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.checkpoint END,
-    checkpoint_fencing = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.checkpoint_fencing END
-WHERE r.expires_at <= now()
-   OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= now()))
+    created_at = CASE WHEN r.expires_at <= excluded.created_at THEN excluded.created_at
+                      ELSE r.created_at END,
+    updated_at = excluded.updated_at,
+    checkpoint = CASE WHEN r.expires_at <= excluded.created_at THEN NULL ELSE r.checkpoint END,
+    checkpoint_fencing = CASE WHEN r.expires_at <= excluded.created_at THEN NULL
+                              ELSE r.checkpoint_fencing END
+WHERE r.expires_at <= excluded.created_at
+   OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= excluded.created_at))
        AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
             OR r.fingerprint = excluded.fingerprint))
 "
@@ -183,6 +189,14 @@ pub(super) const TRY_CLAIM: &str = concat!(
     "RETURNING fencing_token, lease_expires_at, expires_at, checkpoint, checkpoint_fencing"
 );
 
+/// Clock arithmetic with a column beside `now()`, in the three statements
+/// below, is written `(now() AT TIME ZONE 'UTC' + x) AT TIME ZONE 'UTC'`:
+/// Citus refuses a STABLE function next to a column in an UPDATE, and
+/// `timestamptz + interval` is STABLE, while both conversions and
+/// `timestamp + interval` are IMMUTABLE; `now()` alone is evaluated on the
+/// coordinator. The intervals have no day or month part, so the result is
+/// `now() + x` to the microsecond, in every time zone.
+///
 /// The lease holder's guard shared by Complete, Release and ExtendLease: the
 /// record is unexpired, in progress, and the token is the current one. The
 /// lease itself may have run out: until someone else claims the key, its
@@ -190,7 +204,8 @@ pub(super) const TRY_CLAIM: &str = concat!(
 pub(super) const COMPLETE: &str = "
 UPDATE idempotency_records
 SET state = 2, response = $4, lease_expires_at = NULL,
-    expires_at = now() + coalesce($5, retention_us)::float8 * interval '1 microsecond',
+    expires_at = ((now() AT TIME ZONE 'UTC') + coalesce($5, retention_us)::float8 * interval '1 microsecond')
+                 AT TIME ZONE 'UTC',
     updated_at = now(), checkpoint = NULL, checkpoint_fencing = NULL
 WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
 RETURNING expires_at";
@@ -206,7 +221,7 @@ SELECT item, new_expires_at FROM idempotency_complete_many($1, $2, $3, $4, $5)";
 pub(super) const RELEASE: &str = "
 UPDATE idempotency_records
 SET state = 3, lease_expires_at = NULL,
-    expires_at = now() + retention_us::float8 * interval '1 microsecond',
+    expires_at = ((now() AT TIME ZONE 'UTC') + retention_us::float8 * interval '1 microsecond') AT TIME ZONE 'UTC',
     updated_at = now(),
     checkpoint = coalesce($4::bytea, checkpoint),
     checkpoint_fencing = CASE WHEN $4::bytea IS NULL THEN checkpoint_fencing
@@ -217,7 +232,8 @@ WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires
 pub(super) const EXTEND_LEASE: &str = "
 UPDATE idempotency_records
 SET lease_expires_at = now() + $4::float8 * interval '1 microsecond',
-    expires_at = now() + ($4 + retention_us)::float8 * interval '1 microsecond',
+    expires_at = ((now() AT TIME ZONE 'UTC') + ($4 + retention_us)::float8 * interval '1 microsecond')
+                 AT TIME ZONE 'UTC',
     updated_at = now(),
     checkpoint = coalesce($5::bytea, checkpoint),
     checkpoint_fencing = CASE WHEN $5::bytea IS NULL THEN checkpoint_fencing
@@ -307,3 +323,55 @@ pub(super) const SESSION_SETTINGS: [(&str, &str); 3] = [
     ("plan_cache_mode", "force_generic_plan"),
     ("jit", "off"),
 ];
+
+/// The statements whose text depends on the engine: plain PostgreSQL runs
+/// the set-based statements above; Citus runs the functions of the
+/// migration `20261203000002_citus.sql`, which take the same parameters and
+/// answer the same columns, each reading the coordinator's `now()` once and
+/// running single-shard statements with it.
+pub(super) struct Statements {
+    pub fetch: &'static str,
+    pub fetch_many: &'static str,
+    pub claim_or_fetch: &'static str,
+    pub claim_or_fetch_many: &'static str,
+    pub try_claim_many: &'static str,
+    /// Purge with its notifications ($1 namespace, $2 key, $3 channel, $4
+    /// the purge's name: feed.rs).
+    pub purge: &'static str,
+    /// Plain PostgreSQL: a DELETE (its row count); Citus: a function
+    /// answering how many rows it deleted.
+    pub reap: &'static str,
+}
+
+/// On plain PostgreSQL.
+pub(super) const ON_POSTGRES: Statements = Statements {
+    fetch: FETCH,
+    fetch_many: FETCH_MANY,
+    claim_or_fetch: CLAIM_OR_FETCH,
+    claim_or_fetch_many: CLAIM_OR_FETCH_MANY,
+    try_claim_many: TRY_CLAIM_MANY,
+    purge: super::feed::PURGE,
+    reap: REAP,
+};
+
+/// On a Citus coordinator.
+pub(super) const ON_CITUS: Statements = Statements {
+    fetch: "SELECT * FROM idempotency_fetch($1, $2)",
+    fetch_many: "SELECT * FROM idempotency_fetch_many($1, $2)",
+    claim_or_fetch: "SELECT * FROM idempotency_claim_or_fetch($1, $2, $3, $4, $5, $6)",
+    claim_or_fetch_many: "
+SELECT * FROM idempotency_claim_or_fetch_many($1, $2, $3, $4, $5, $6)",
+    try_claim_many: "SELECT * FROM idempotency_try_claim_many($1, $2, $3, $4, $5, $6)",
+    purge: "SELECT * FROM idempotency_purge($1, $2, $3, $4)",
+    reap: "SELECT idempotency_reap($1)",
+};
+
+/// Run on every new connection: the Citus extension's version, or no row on
+/// plain PostgreSQL.
+pub(super) const CITUS_VERSION: &str =
+    "SELECT extversion FROM pg_extension WHERE extname = 'citus'";
+
+/// Whether the table is distributed, and over how many shards (Citus only:
+/// the catalogue does not exist elsewhere).
+pub(super) const CITUS_SHARDS: &str = "
+SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'idempotency_records'::regclass";
