@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The suites on Citus, run by hand: the conformance suite (both PostgreSQL
+# variants: coalesced and not, the replay cache on, two servers where a test
+# uses two) and the replay-cache suites, through the real server, against a
+# Citus coordinator whose workers are registered.
+#
+#   TEST_CITUS_URL='postgres://postgres@127.0.0.1:9700/postgres?sslmode=disable' \
+#     bash scripts/test-citus.sh
+#
+# The project neither ships nor installs Citus: build it yourself, following
+# its own documentation, and see docs/scaling.md ("Running the Citus tests by
+# hand") for the cluster this expects. Without TEST_CITUS_URL this prints one
+# line saying it did not run, and runs nothing (it is not a pass).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -z "${TEST_CITUS_URL:-}" ]; then
+  echo "Citus suites: NOT RUN (TEST_CITUS_URL is not set; it names a Citus coordinator with registered workers: see docs/scaling.md)"
+  exit 0
+fi
+
+# The tests make one schema each in the database idempotency_test of the
+# server TEST_CITUS_URL names; Citus does not create a database on its
+# workers, so it must exist on every node, with the extension.
+db_url=$(python3 -c 'import sys,urllib.parse as u; p=u.urlsplit(sys.argv[1]); print(u.urlunsplit(p._replace(path="/idempotency_test")))' "$TEST_CITUS_URL")
+workers=$(psql "$db_url" -Atc "SELECT count(*) FROM citus_get_active_worker_nodes()") || {
+  echo "Citus suites: cannot use database idempotency_test on the coordinator with the citus extension (see docs/scaling.md)" >&2
+  exit 1
+}
+if [ "$workers" -lt 1 ]; then
+  echo "Citus suites: the coordinator has no active workers" >&2
+  exit 1
+fi
+echo "Citus coordinator with $workers active workers"
+
+export IDEMPOTENCY_BIN="$PWD/target/release/idempotency-service"
+cargo build --release --locked --bins --tests
+TEST_POSTGRES_URL="$TEST_CITUS_URL" cargo nextest run --release --locked --no-fail-fast \
+  --test conformance --test replay_cache --test replay_linearizable \
+  -E 'not test(/^sqlite::/)'
