@@ -154,6 +154,10 @@ fn describe() {
         "idempotency_replay_cache_fresh",
         "1 while the purge feed vouches for the replay cache (it answers), else 0."
     );
+    describe_counter!(
+        "idempotency_replay_cache_too_large_total",
+        "Completed records not kept in the replay cache because they are larger than one shard's share of IDEMPOTENCY_REPLAY_CACHE_BYTES (the budget is split between shards: about budget / (4 x cores), rounded to a power of two)."
+    );
 }
 
 /// Which namespaces get their own label value; the rest share "other". With no
@@ -365,6 +369,7 @@ fn record_cache(cache: &CacheStats) {
     gauge!("idempotency_replay_cache_bytes").set(cache.bytes as f64);
     gauge!("idempotency_replay_cache_entries").set(cache.entries as f64);
     gauge!("idempotency_replay_cache_fresh").set(if cache.fresh { 1.0 } else { 0.0 });
+    counter!("idempotency_replay_cache_too_large_total").absolute(cache.too_large);
 }
 
 /// Refreshes the pool gauges every few seconds and, when `records_every` is

@@ -10,21 +10,26 @@
 //!   its estimate of the store's clock is never behind the store's. An entry
 //!   also lives at most [`MAX_ENTRY_AGE`], which bounds what a drift between
 //!   the two clocks' rates could do.
-//! - **Purges** reach every replica through the store's purge feed (for
-//!   PostgreSQL, `LISTEN`/`NOTIFY` in the purge's own transaction). The feed
-//!   also vouches, by heartbeats, that nothing was missed; the cache answers
-//!   only while the last heartbeat is at most [`FRESHNESS`] old, and starts
-//!   empty again after any gap. So a purge on another replica is honoured
-//!   here as soon as its notification arrives (milliseconds), and at the
-//!   latest [`FRESHNESS`] after it was committed if this replica's
-//!   connection to the feed stalls. A purge through this replica is honoured
-//!   here before its call returns.
+//! - **Purges** and other changes reach every replica through the store's
+//!   purge feed (for PostgreSQL, `LISTEN`/`NOTIFY` in the purge's own
+//!   transaction, and triggers for changes made outside the service). The
+//!   feed also vouches, by heartbeats, that nothing was missed; the cache
+//!   answers only while the last heartbeat is at most [`FRESHNESS`] old, and
+//!   starts empty again after any gap. A Purge returns only once every
+//!   replica that could still answer from memory has acknowledged that it
+//!   forgot the key, or [`FRESHNESS`] (and a margin) has passed since its
+//!   commit: after a Purge answers, no replica replays what it purged (the
+//!   README's replay-cache section says why). A change made outside the
+//!   service is honoured as soon as its notification arrives, and at the
+//!   latest [`FRESHNESS`] after its commit.
 //!
 //! Only Claims consult the cache, and only completed, unexpired records
 //! enter it, from a Claim's own read. `Cached<S>` is the store decorator
 //! that does this; everything else passes through to `S`. Memory is bounded
 //! by a byte budget (the sizes of the response, fingerprint, namespace and
-//! key, plus a fixed overhead per entry).
+//! key, plus a fixed overhead per entry). The budget is split between the
+//! cache's shards (for concurrency): an entry larger than 97% of one shard's
+//! share is not kept, and is counted (`too_large`).
 
 use std::hash::Hash;
 use std::sync::Arc;
@@ -61,6 +66,9 @@ pub struct CacheStats {
     pub misses: u64,
     pub entries: u64,
     pub bytes: u64,
+    /// Records not kept because they are larger than one shard's share of
+    /// the budget (see [`ReplayCache::largest_entry`]).
+    pub too_large: u64,
     /// Whether the purge feed vouches for the cache right now.
     pub fresh: bool,
 }
@@ -113,9 +121,17 @@ pub struct Ticket {
 /// The cache itself, shared by every call of one server.
 pub struct ReplayCache {
     entries: quick_cache::sync::Cache<Slot, Arc<Entry>, ByBytes>,
-    /// Bumped before every invalidation. A read that began before a bump may
-    /// have seen what was just purged: its insert is taken back.
+    /// Bumped by every invalidation. A read that began before a bump may
+    /// have seen what was just purged: it is not kept.
     generation: AtomicU64,
+    /// Held while an entry is checked against the generation and inserted,
+    /// and while an invalidation bumps it and removes: an entry is never
+    /// visible, even for an instant, after the invalidation of a read that
+    /// began before it. Only reads that fill the cache take it, never hits.
+    invalidation: std::sync::Mutex<()>,
+    /// The largest entry the cache's shards take.
+    largest_entry: u64,
+    too_large: AtomicU64,
     /// Microseconds after `base` until which the feed vouches for the cache;
     /// 0 when it does not.
     fresh_until_us: AtomicU64,
@@ -128,14 +144,31 @@ impl ReplayCache {
     /// A cache of at most `budget` bytes, not yet vouched for.
     pub fn new(budget: u64) -> Self {
         let estimated = usize::try_from(budget / 512).unwrap_or(usize::MAX).max(16);
+        let entries = quick_cache::sync::Cache::with_weighter(estimated, budget, ByBytes);
+        // quick_cache refuses an entry heavier than its shard's hot section,
+        // 97% of the shard (its default allocation).
+        let largest_entry = (entries.shard_capacity() as f64 * 0.97) as u64;
         Self {
-            entries: quick_cache::sync::Cache::with_weighter(estimated, budget, ByBytes),
+            entries,
+            invalidation: std::sync::Mutex::new(()),
+            largest_entry,
+            too_large: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             fresh_until_us: AtomicU64::new(0),
             base: Instant::now(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
+    }
+
+    /// The largest entry (in the weight `remember` counts) that is kept:
+    /// the budget is split evenly between the shards.
+    pub fn largest_entry(&self) -> u64 {
+        self.largest_entry
+    }
+
+    fn invalidating(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.invalidation.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn micros_since_base(&self, at: Instant) -> u64 {
@@ -201,6 +234,10 @@ impl ReplayCache {
                 .as_ref()
                 .map_or(0, |f| f.as_bytes().len()) as u64
             + (namespace.as_str().len() + key.as_str().len()) as u64;
+        if weight > self.largest_entry {
+            self.too_large.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let entry = Arc::new(Entry {
             record: record.clone(),
             store_now: snapshot.now,
@@ -208,18 +245,21 @@ impl ReplayCache {
             use_until,
             weight,
         });
+        // Under the lock an invalidation holds while it bumps and removes:
+        // either it happened since the ticket (the generation says so, and
+        // the read may have seen what it removed), or it comes after this
+        // insert and removes the entry itself.
+        let _invalidation = self.invalidating();
+        if self.generation.load(Ordering::SeqCst) != ticket.generation {
+            return;
+        }
         self.entries
             .insert(Slot(namespace.clone(), key.clone()), entry);
-        // An invalidation since the ticket bumped the generation before it
-        // removed anything: whether it removed this entry or ran before the
-        // insert, this check sees the bump and takes the entry back.
-        if self.generation.load(Ordering::SeqCst) != ticket.generation {
-            self.entries.remove(&Lookup(namespace, key));
-        }
     }
 
     /// A key was purged: drop it, and refuse inserts from reads begun before.
     pub fn forget(&self, namespace: &Namespace, key: &Key) {
+        let _invalidation = self.invalidating();
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.entries.remove(&Lookup(namespace, key));
     }
@@ -227,6 +267,7 @@ impl ReplayCache {
     /// Purges may have been missed: drop everything, and answer nothing
     /// until the feed vouches again.
     pub fn forget_all(&self) {
+        let _invalidation = self.invalidating();
         self.fresh_until_us.store(0, Ordering::Release);
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.entries.clear();
@@ -237,6 +278,7 @@ impl ReplayCache {
     pub fn vouched(&self, sent_at: Instant) {
         let now = Instant::now();
         if !self.is_fresh(now) {
+            let _invalidation = self.invalidating();
             self.generation.fetch_add(1, Ordering::SeqCst);
             self.entries.clear();
         }
@@ -251,6 +293,8 @@ impl ReplayCache {
                 PurgeEvent::Purged(namespace, key) => self.forget(&namespace, &key),
                 PurgeEvent::CaughtUp(sent_at) => self.vouched(sent_at),
                 PurgeEvent::Lost => self.forget_all(),
+                // Everything before it was applied above, in order.
+                PurgeEvent::Applied(done) => done.notify_one(),
             }
         }
         self.forget_all();
@@ -262,6 +306,7 @@ impl ReplayCache {
             misses: self.misses.load(Ordering::Relaxed),
             entries: self.entries.len() as u64,
             bytes: self.entries.weight(),
+            too_large: self.too_large.load(Ordering::Relaxed),
             fresh: self.is_fresh(Instant::now()),
         }
     }

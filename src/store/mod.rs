@@ -198,8 +198,12 @@ pub enum PurgeEvent {
     /// Every purge committed before this instant (this machine's monotonic
     /// clock) has been told.
     CaughtUp(std::time::Instant),
-    /// Purges may have been missed (the feed's connection was lost).
+    /// Purges may have been missed (the feed's connection was lost), or
+    /// everything changed (the table was truncated).
     Lost,
+    /// To be notified once every event before it has been applied: the
+    /// feed then acknowledges a purge to the replica that waits for it.
+    Applied(std::sync::Arc<tokio::sync::Notify>),
 }
 
 /// Unexpired records of one namespace in one state.

@@ -52,6 +52,8 @@ pub struct PostgresStore {
     budget: Budget,
     /// Stops the purge feed's tasks when the store closes.
     feed_stop: CancellationToken,
+    /// The purge feed, started by the first purge or subscription.
+    feed: feed::Slot,
 }
 
 impl PostgresStore {
@@ -102,6 +104,7 @@ impl PostgresStore {
             max_connections: options.pool_size + 1,
             budget: Budget::new("postgresql", options.timeout),
             feed_stop: CancellationToken::new(),
+            feed: feed::Slot::default(),
         }
     }
 
@@ -529,7 +532,11 @@ impl Store for PostgresStore {
         Ok(done.rows_affected())
     }
 
+    /// Returns once no replica's replay cache can answer with what was
+    /// purged (`feed`: each acknowledged it, or the bound has passed).
     async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<RecordState>, Error> {
+        let feed = feed::feed(&self.feed, self.pool(), &self.budget, &self.feed_stop);
+        let purge = feed.purge(self.pool()).await?;
         let state: Option<i16> = self
             .budget
             .run(
@@ -537,10 +544,16 @@ impl Store for PostgresStore {
                 held!(once self, |conn| sqlx::query_scalar(feed::PURGE)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
+                    .bind(&purge.channel)
+                    .bind(&purge.name)
                     .fetch_optional(conn)),
             )
             .await?;
-        state.map(state_from).transpose()
+        let state = state.map(state_from).transpose()?;
+        if state == Some(RecordState::Completed) {
+            purge.settle(Instant::now()).await;
+        }
+        Ok(state)
     }
 
     async fn stats(&self) -> Result<StoreStats, Error> {
@@ -628,10 +641,10 @@ impl Store for PostgresStore {
             .map(|_| ())
     }
 
-    /// Listens on the purges channel on a connection of its own (outside the
-    /// pool), and sends a heartbeat through it every second from the pool.
+    /// The store's one feed (`feed`: a LISTEN connection and a connection
+    /// for heartbeats, both outside the pool), told to one more cache.
     fn purge_feed(&self) -> Option<mpsc::Receiver<PurgeEvent>> {
-        Some(feed::start(self.pool(), &self.budget, &self.feed_stop))
+        Some(feed::feed(&self.feed, self.pool(), &self.budget, &self.feed_stop).subscribe())
     }
 
     /// No cache here: `cache::Cached` wraps this store.

@@ -1,0 +1,345 @@
+//! The replay cache never answers with a result the key no longer has
+//! (issue 22, README: the replay cache). Three replicas on one PostgreSQL
+//! table, each with its own cache:
+//! - once a Purge answers on any replica, no replica's Claim or ClaimBatch
+//!   replays what it purged, over a thousand rounds;
+//! - a purge from the command line under another search_path reaches them;
+//! - an UPDATE, DELETE or TRUNCATE made in SQL, outside the service,
+//!   reaches every cache within the freshness bound (in practice at once).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::process::{output_within, store_command};
+use common::*;
+use idempotency_service::grpc::proto::{ClaimBatchRequest, ClaimResponse, Outcome, PurgeRequest};
+use idempotency_service::store::cache::FRESHNESS;
+use sqlx::Connection;
+
+const NS: &str = "orders";
+
+/// How long after its commit a change made outside the service may still
+/// be replayed by a replica whose listener stalls: the freshness bound and
+/// the feed's margin.
+const OUT_OF_BAND_BOUND: Duration = FRESHNESS.saturating_add(Duration::from_millis(250));
+
+/// Replicas sharing one fresh table, every one with the replay cache.
+async fn replicas(n: usize) -> (StoreFixture, Vec<TestServer>) {
+    let store = StoreFixture::new(Backend::Postgres).await;
+    let mut servers = Vec::new();
+    for _ in 0..n {
+        servers.push(TestServer::start(store.config()).await);
+    }
+    (store, servers)
+}
+
+fn clients(servers: &[TestServer]) -> Vec<Client> {
+    servers.iter().map(|s| s.client.clone()).collect()
+}
+
+async fn sql(store: &StoreFixture) -> sqlx::PgConnection {
+    let url = store.database_url.clone().expect("a PostgreSQL store");
+    sqlx::PgConnection::connect(&url).await.unwrap()
+}
+
+async fn purge(client: &Client, key: &str) -> bool {
+    client
+        .clone()
+        .purge(PurgeRequest {
+            namespace: NS.to_owned(),
+            key: key.to_owned(),
+            reason: "test".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .purged
+}
+
+async fn claim_twice_in_a_batch(client: &Client, key: &str) -> Vec<ClaimResponse> {
+    client
+        .clone()
+        .claim_batch(ClaimBatchRequest {
+            items: vec![claim_request(NS, key), claim_request(NS, key)],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .items
+}
+
+/// Completes `key` with `response` through `first`, and has every replica
+/// read it (a completed record read by a Claim enters the cache).
+async fn completed_and_read_everywhere(clients: &[Client], key: &str, response: &[u8]) {
+    let mut first = clients[0].clone();
+    let claimed = claim(&mut first, NS, key).await;
+    assert_eq!(outcome(&claimed), Outcome::Claimed);
+    complete(&mut first, NS, key, &claimed.lease_token, response).await;
+    for client in clients {
+        let replay = claim(&mut client.clone(), NS, key).await;
+        assert_eq!(outcome(&replay), Outcome::Completed);
+        assert_eq!(replay.response, response);
+    }
+}
+
+/// Asserts that every replica answers `key` from memory: the stored result
+/// is rewritten with triggers off (so no notification), and each replica
+/// still replays `response`; then the stored result is put back with
+/// triggers on (what a replica read meanwhile is forgotten).
+async fn held_in_memory_everywhere(
+    store: &StoreFixture,
+    servers: &[TestServer],
+    key: &str,
+    response: &[u8],
+) {
+    let mut restore = sql(store).await;
+    let mut sql = sql(store).await;
+    sqlx::query("SET session_replication_role = replica")
+        .execute(&mut sql)
+        .await
+        .unwrap();
+    let rewrite = "UPDATE idempotency_records SET response = $1 WHERE namespace = $2 AND key = $3";
+    for (i, server) in servers.iter().enumerate() {
+        let deadline = Instant::now() + FRESHNESS;
+        loop {
+            sqlx::query(rewrite)
+                .bind(&b"rewritten"[..])
+                .bind(NS)
+                .bind(key)
+                .execute(&mut sql)
+                .await
+                .unwrap();
+            let replay = claim(&mut server.client.clone(), NS, key).await;
+            sqlx::query(rewrite)
+                .bind(response)
+                .bind(NS)
+                .bind(key)
+                .execute(&mut restore)
+                .await
+                .unwrap();
+            if replay.response == response {
+                break;
+            }
+            claim(&mut server.client.clone(), NS, key).await;
+            assert!(
+                Instant::now() < deadline,
+                "replica {i} never answered from memory"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Claims `key` on every replica until none replays `stale`, within
+/// `within`; returns how long that took, and every answer after the last
+/// stale one (each replica's first answer that was not stale, in order).
+async fn until_no_replica_replays(
+    servers: &[TestServer],
+    key: &str,
+    stale: &[u8],
+    within: Duration,
+) -> (Duration, Vec<ClaimResponse>) {
+    let start = Instant::now();
+    let mut answers = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        let answer = eventually(within.saturating_sub(start.elapsed()), || {
+            let mut client = server.client.clone();
+            async move {
+                let answer = claim(&mut client, NS, key).await;
+                let replayed = outcome(&answer) == Outcome::Completed && answer.response == stale;
+                (!replayed).then_some(answer)
+            }
+        })
+        .await
+        .unwrap_or_else(|| panic!("replica {i} still replays the old result after {within:?}"));
+        answers.push(answer);
+    }
+    (start.elapsed(), answers)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_purge_answers_no_replica_replays_what_it_purged() {
+    const WORKERS: usize = 4;
+    const ROUNDS: usize = 250;
+    let (_store, servers) = replicas(3).await;
+    // A replica waits the whole bound for its first purges, until its
+    // listener has heard a full window of heartbeats; wait for that here so
+    // the latencies below are the usual ones.
+    for (i, server) in servers.iter().enumerate() {
+        let warm = format!("warm-{i}");
+        let fast = eventually(Duration::from_secs(10), || {
+            let server = &server.client;
+            let warm = warm.clone();
+            async move {
+                let mut client = server.clone();
+                let claimed = claim(&mut client, NS, &warm).await;
+                if outcome(&claimed) == Outcome::Claimed {
+                    complete(&mut client, NS, &warm, &claimed.lease_token, b"w").await;
+                }
+                let start = Instant::now();
+                purge(server, &warm).await;
+                (start.elapsed() < Duration::from_secs(1)).then_some(())
+            }
+        })
+        .await;
+        assert!(
+            fast.is_some(),
+            "replica {i}'s purges never stopped waiting the bound"
+        );
+    }
+    let started = Instant::now();
+    let mut runs = tokio::task::JoinSet::new();
+    for worker in 0..WORKERS {
+        let clients = clients(&servers);
+        runs.spawn(async move {
+            let mut latencies = Vec::with_capacity(ROUNDS);
+            let mut replays = 0usize;
+            for round in 0..ROUNDS {
+                let key = format!("w{worker}-r{round}");
+                let response = format!("result of {key}").into_bytes();
+                completed_and_read_everywhere(&clients, &key, &response).await;
+                // The purger, the claimer and the batcher change every round.
+                let purger = &clients[(worker + round) % 3];
+                let claimer = &clients[(worker + round + 1) % 3];
+                let batcher = &clients[(worker + round + 2) % 3];
+                let start = Instant::now();
+                assert!(purge(purger, &key).await);
+                latencies.push(start.elapsed());
+                let (single, batch) = tokio::join!(
+                    async { claim(&mut claimer.clone(), NS, &key).await },
+                    claim_twice_in_a_batch(batcher, &key)
+                );
+                let answers: Vec<&ClaimResponse> = std::iter::once(&single).chain(&batch).collect();
+                replays += answers
+                    .iter()
+                    .filter(|a| outcome(a) == Outcome::Completed)
+                    .count();
+                // The key is claimable again: one of the three claims wins
+                // it, the other two are told it is in progress (the batch's
+                // items answered one after the other).
+                let mut outcomes: Vec<Outcome> = answers.iter().map(|a| outcome(a)).collect();
+                outcomes.sort();
+                let mut expected = vec![Outcome::Claimed, Outcome::InProgress, Outcome::InProgress];
+                expected.sort();
+                assert_eq!(outcomes, expected, "round {round} of worker {worker}");
+            }
+            (latencies, replays)
+        });
+    }
+    let results: Vec<(Vec<Duration>, usize)> = runs.join_all().await;
+    let elapsed = started.elapsed();
+    let replays: usize = results.iter().map(|(_, r)| r).sum();
+    let mut latencies: Vec<Duration> = results.into_iter().flat_map(|(l, _)| l).collect();
+    latencies.sort();
+    eprintln!(
+        "{} rounds in {elapsed:?}: {replays} replays of a purged result; purge latency p50 {:?}, p99 {:?}, max {:?}",
+        latencies.len(),
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        latencies.last().unwrap()
+    );
+    assert_eq!(replays, 0);
+    assert_eq!(latencies.len(), WORKERS * ROUNDS);
+    assert!(
+        elapsed < Duration::from_secs(240),
+        "the rounds took {elapsed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_from_the_command_line_under_another_search_path_reaches_every_replica() {
+    let (store, servers) = replicas(2).await;
+    completed_and_read_everywhere(&clients(&servers), "evt_cli", b"charged").await;
+    held_in_memory_everywhere(&store, &servers, "evt_cli", b"charged").await;
+    // The operator's session puts another schema first: its
+    // current_schema() is not the table's.
+    let other = format!("ops_{:08x}", rand_u64() as u32);
+    let mut sql = sql(&store).await;
+    sqlx::query(&format!("CREATE SCHEMA {other}"))
+        .execute(&mut sql)
+        .await
+        .unwrap();
+    let url = store.database_url.clone().unwrap();
+    let elsewhere = url.replace("search_path%3D", &format!("search_path%3D{other}%2C"));
+    assert_ne!(url, elsewhere);
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = store_command(&store, dir.path());
+    command
+        .env("DATABASE_URL", &elsewhere)
+        .args(["purge", NS, "evt_cli", "--reason", "INC-22"]);
+    let output = output_within(command, Duration::from_secs(30));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).starts_with("purged"));
+    // The command has answered: no replica replays the purged result.
+    let first = claim(&mut servers[1].client.clone(), NS, "evt_cli").await;
+    assert_eq!(outcome(&first), Outcome::Claimed);
+    assert_eq!(first.fencing_token, 2);
+    let second = claim(&mut servers[0].client.clone(), NS, "evt_cli").await;
+    assert_eq!(outcome(&second), Outcome::InProgress);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_or_delete_in_sql_reaches_every_replica() {
+    let (store, servers) = replicas(3).await;
+    completed_and_read_everywhere(&clients(&servers), "evt_deleted", b"old-d").await;
+    completed_and_read_everywhere(&clients(&servers), "evt_updated", b"old-u").await;
+    held_in_memory_everywhere(&store, &servers, "evt_deleted", b"old-d").await;
+    held_in_memory_everywhere(&store, &servers, "evt_updated", b"old-u").await;
+    let mut sql = sql(&store).await;
+    let deleted = sqlx::query("DELETE FROM idempotency_records WHERE key = 'evt_deleted'")
+        .execute(&mut sql)
+        .await
+        .unwrap();
+    assert_eq!(deleted.rows_affected(), 1);
+    let updated = sqlx::query(
+        "UPDATE idempotency_records SET response = 'new-u'::bytea WHERE key = 'evt_updated'",
+    )
+    .execute(&mut sql)
+    .await
+    .unwrap();
+    assert_eq!(updated.rows_affected(), 1);
+
+    let (took, answers) =
+        until_no_replica_replays(&servers, "evt_deleted", b"old-d", OUT_OF_BAND_BOUND).await;
+    eprintln!("a DELETE in SQL reached every replica within {took:?}");
+    let outcomes: Vec<Outcome> = answers.iter().map(outcome).collect();
+    assert_eq!(
+        outcomes,
+        [Outcome::Claimed, Outcome::InProgress, Outcome::InProgress]
+    );
+    let (took, answers) =
+        until_no_replica_replays(&servers, "evt_updated", b"old-u", OUT_OF_BAND_BOUND).await;
+    eprintln!("an UPDATE in SQL reached every replica within {took:?}");
+    for answer in answers {
+        assert_eq!(outcome(&answer), Outcome::Completed);
+        assert_eq!(answer.response, b"new-u");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncate_in_sql_reaches_every_replica() {
+    let (store, servers) = replicas(3).await;
+    completed_and_read_everywhere(&clients(&servers), "evt_t", b"before").await;
+    held_in_memory_everywhere(&store, &servers, "evt_t", b"before").await;
+    sqlx::query("TRUNCATE idempotency_records")
+        .execute(&mut sql(&store).await)
+        .await
+        .unwrap();
+    let (took, answers) =
+        until_no_replica_replays(&servers, "evt_t", b"before", OUT_OF_BAND_BOUND).await;
+    eprintln!("a TRUNCATE reached every replica within {took:?}");
+    let outcomes: Vec<Outcome> = answers.iter().map(outcome).collect();
+    assert_eq!(
+        outcomes,
+        [Outcome::Claimed, Outcome::InProgress, Outcome::InProgress]
+    );
+}
