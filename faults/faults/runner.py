@@ -186,21 +186,34 @@ def print_report(report: Report) -> None:
         print("   FAILED: " + failure.replace("\n", "\n           "))
 
 
-async def run_all(names: List[str], ci: bool, duration: Optional[float], command: str) -> Tuple[bool, List[Report]]:
+async def run_all(names: List[str], ci: bool, duration: Optional[float],
+                  command: str) -> Tuple[bool, List[Report], Dict[str, str]]:
+    """Runs the scenarios named (default: all; in --ci those with `ci`):
+    (every scenario run passed, their reports, {name: why} of those not run)."""
     found = discover()
     # In --ci, scenarios with `ci = False` (long soaks) run only when named.
     selected = names or [n for n, s in found.items() if not ci or getattr(s, "ci", True)]
     unknown = [n for n in selected if n not in found]
     if unknown:
         print(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(found)}")
-        return False, []
+        return False, [], {}
     ok = True
     reports = []
+    not_run: Dict[str, str] = {}
     for name in selected:
         scenario = found[name]
         if isinstance(scenario, str):
             print(f"== {name}: FAILED\n   {scenario}")
             ok = False
+            continue
+        reason = scenario.not_run() if hasattr(scenario, "not_run") else None
+        if reason:
+            # Neither passed nor failed: one line, and a report that says so.
+            print(f"== {name}: not run: {reason}", flush=True)
+            not_run[name] = reason
+            OUT.mkdir(exist_ok=True)
+            (OUT / f"{name}.json").write_text(json.dumps(
+                {"scenario": name, "ok": None, "not_run": reason, "command": f"{command} {name}"}, indent=2))
             continue
         print(f"-- {name}: {getattr(scenario, 'description', '')}", flush=True)
         cmd = f"{command} {name}".strip()
@@ -208,4 +221,4 @@ async def run_all(names: List[str], ci: bool, duration: Optional[float], command
         print_report(report)
         reports.append(report)
         ok = ok and report.ok
-    return ok, reports
+    return ok, reports, not_run

@@ -4,6 +4,7 @@ A scenario module in faults/scenarios/ exports SCENARIO, an instance of a
 Scenario subclass (or any object with the same attributes). The runner
 (faults/runner.py) does, for each scenario:
 
+    SCENARIO.not_run()                  # a reason: "not run" (one line), next scenario
     env.pg = PgCluster().start()        # store "postgres": a throwaway cluster,
                                         # database "idempotency" created
     await SCENARIO.prepare(env)         # before the replicas start
@@ -200,6 +201,13 @@ class Scenario:
     def available(self) -> Optional[str]:
         """None when the scenario can run here, else why not (a missing tool
         that run.sh could not install...): the run then fails with that reason."""
+        return None
+
+    def not_run(self) -> Optional[str]:
+        """None when the scenario runs here, else why it does not: something
+        the project never installs is absent (Citus). The run prints that
+        reason on one line and reports the scenario as not run: neither
+        passed nor failed, and the exit status is not changed by it."""
         return None
 
     async def prepare(self, env: Env) -> None:

@@ -1,0 +1,132 @@
+"""A Citus worker crashed (pg_ctl stop -m immediate) under load and
+restarted (issue 21), on a Citus coordinator and two workers of the
+harness's own (faults/infra/citus.py), the replicas on the coordinator.
+
+Keys whose shard is on the other worker must keep answering; keys on the
+crashed worker's shards must answer UNAVAILABLE (never INTERNAL) and then
+recover. A key's worker is read from the coordinator's metadata
+(get_shard_id_for_distribution_column, pg_dist_placement, pg_dist_node).
+
+Measured, besides the workload's history:
+- probes: a Claim of a fresh key of each worker every 100 ms (no retries,
+  one replica each time, round-robin, 3 s deadline), from before the crash
+  to after the recovery. During the outage (the crash to the restart):
+  each worker's share of probes answered OK and their codes. From the
+  restart: the first probe of the crashed worker's keys answered OK (the
+  recovery time);
+- the workload's calls and attempts started during the outage, split by
+  their key's worker: the share answered OK, and their codes.
+
+Runs only where Citus is installed (scenarios/_citus.py)."""
+
+import asyncio
+import collections
+import random
+
+from faults.scenario import Env
+from faults.scenarios._citus import CitusScenario, Probes, odd_codes
+
+
+class CitusWorkerCrash(CitusScenario):
+    name = "citus_worker_crash"
+    description = ("Citus: one of 2 workers stopped with pg_ctl stop -m immediate under load, restarted after "
+                   "a few seconds; keys on the other worker keep answering, the crashed one's answer "
+                   "UNAVAILABLE, then recover")
+    ci_duration = 6.0
+    #: seconds the worker stays down (--ci: ci_outage)
+    outage = 5.0
+    ci_outage = 2.0
+    #: probes answered OK for the live worker's keys during the outage, at least
+    live_ok_share = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ports = {}
+
+    async def inject(self, env: Env) -> None:
+        cluster = self.cluster
+        shards = await self.distributed(env)
+        if len(shards) != 2:
+            raise RuntimeError(f"shards on {len(shards)} nodes, 2 workers expected: {shards}")
+        crashed = random.choice(cluster.workers)
+        live = next(w for w in cluster.workers if w is not crashed)
+        names = {crashed.port: "crashed", live.port: "live"}
+        candidates = [f"probe-{i}" for i in range(4000)]
+        probe_ports = await asyncio.to_thread(cluster.ports_of, candidates)
+        keys = {"live": [k for k in candidates if probe_ports[k] == live.port],
+                "crashed": [k for k in candidates if probe_ports[k] == crashed.port]}
+        probes = Probes(env, keys, "faults-citus-probe", every=0.1, timeout=3.0).start()
+        try:
+            await env.sleep_load(1.5)
+            outage = self.ci_outage if env.ci else self.outage
+            fault = env.mark("fault")
+            await asyncio.to_thread(crashed.stop, "immediate")
+            env.log(f"{crashed.name} (port {crashed.port}) stopped -m immediate")
+            await asyncio.sleep(outage)
+            restart = env.now()
+            await asyncio.to_thread(crashed.start)  # pg_ctl start -w: accepting connections
+            healed = env.mark("healed")
+            env.history.mark("restart", restart)
+            recovered = None
+            while recovered is None and env.now() < healed + 30:
+                await asyncio.sleep(0.05)
+                recovered = probes.first_ok("crashed", healed)
+            if recovered is not None:
+                env.history.mark("recovered", recovered)
+                env.log(f"{crashed.name}'s keys answer OK {recovered - healed:.3f} s after its restart")
+            await asyncio.sleep(1.0)
+        finally:
+            await probes.stop()
+        self.ports = {k: names.get(p, str(p))
+                      for k, p in (await asyncio.to_thread(cluster.ports_of, env.history.keys)).items()}
+        env.note("crashed", {"node": crashed.name, "port": crashed.port, "shards": shards.get(crashed.port)})
+        env.note("outage_s", round(restart - fault, 3))
+        env.note("probes_during_outage", {g: Probes.tally(probes.window(g, fault, restart)) for g in keys})
+        first = min((r["end"] for r in probes.window("crashed", fault, restart) if r["code"] != "OK"),
+                    default=None)
+        env.note("crashed_first_error_after_crash_s", None if first is None else round(first - fault, 3))
+        env.note("probes_after_restart", {g: Probes.tally(probes.window(g, restart, env.now())) for g in keys})
+        env.note("recovered_after_restart_s", None if recovered is None else round(recovered - healed, 3))
+        env.note("probe_errors", sorted({r.get("error", "")[:200] for r in probes.rows if r["code"] != "OK"})[:5])
+        self._window = (fault, restart)
+
+    def _by_worker(self, report) -> dict:
+        """The workload's calls and attempts started during the outage, by
+        their key's worker (live / crashed): how many, how many OK, codes."""
+        fault, restart = self._window
+        calls = {c["id"]: c for c in report.history.calls}
+        out = {}
+        for kind, rows in (("calls", report.history.calls), ("attempts", report.history.attempts)):
+            groups = collections.defaultdict(collections.Counter)
+            for row in rows:
+                if not fault <= row["start"] < restart:
+                    continue
+                key = row.get("key") or calls.get(row.get("call"), {}).get("key")
+                groups[self.ports.get(key, "unknown")][row["code"]] += 1
+            for group, codes in groups.items():
+                n = sum(codes.values())
+                out.setdefault(group, {})[kind] = {"n": n, "ok_share": round(codes["OK"] / n, 4) if n else None,
+                                                   "codes": dict(codes)}
+        return out
+
+    def expect(self, report):
+        failures = odd_codes(report)
+        if getattr(self, "_window", None) is None:
+            return failures + ["the worker was never crashed"]
+        report.notes["workload_during_outage"] = self._by_worker(report)
+        probes = report.notes["probes_during_outage"]
+        live, crashed = probes["live"], probes["crashed"]
+        if not live["probes"] or live["ok_share"] < self.live_ok_share:
+            failures.append(f"keys on the live worker: {live['ok_share']} of {live['probes']} probes answered OK "
+                            f"during the outage ({live['codes']}), {self.live_ok_share} expected")
+        odd = {c: n for c, n in crashed["codes"].items() if c not in ("UNAVAILABLE", "OK")}
+        if odd:
+            failures.append(f"keys on the crashed worker answered {odd} during the outage, UNAVAILABLE expected")
+        if not crashed["codes"].get("UNAVAILABLE"):
+            failures.append(f"no probe of the crashed worker's keys answered UNAVAILABLE: {crashed['codes']}")
+        if report.notes.get("recovered_after_restart_s") is None:
+            failures.append("the crashed worker's keys never answered OK within 30 s of its restart")
+        return failures
+
+
+SCENARIO = CitusWorkerCrash()
