@@ -65,6 +65,8 @@ SETTINGS = {
     "citus.enable_statistics_collection": "off",
     "shared_buffers": "32MB",
     "max_connections": 200,
+    # the SQLSTATE in every log line (%e): what the service was answered
+    "log_line_prefix": "'%m [%p] %e '",
 }
 
 

@@ -100,7 +100,10 @@ def odd_codes(report) -> List[str]:
     failures = []
     odd = {c: n for c, n in report.errors.items() if c not in EXPECTED_CODES + verdicts}
     if odd:
-        failures.append(f"calls failed with unexpected codes: {odd}")
+        texts = sorted({f"{c['code']}: {c.get('error', '')}" for c in report.history.calls
+                        if c["code"] in odd})[:3] if report.history else []
+        failures.append(f"calls failed with unexpected codes: {odd}; the service said: {texts} "
+                        "(the replicas' logs: faults/out/<name>.logs/)")
     odd = {c: n for c, n in report.attempt_errors.items() if c not in EXPECTED_CODES + verdicts}
     if odd:
         failures.append(f"attempts failed with unexpected codes: {odd}")

@@ -85,10 +85,11 @@ class CitusWorkerCrash(CitusScenario):
         first = min((r["end"] for r in probes.window("crashed", fault, restart) if r["code"] != "OK"),
                     default=None)
         env.note("crashed_first_error_after_crash_s", None if first is None else round(first - fault, 3))
-        env.note("probes_after_restart", {g: Probes.tally(probes.window(g, restart, env.now())) for g in keys})
+        env.note("probes_after_restart", {g: Probes.tally(probes.window(g, healed, env.now())) for g in keys})
         env.note("recovered_after_restart_s", None if recovered is None else round(recovered - healed, 3))
         env.note("probe_errors", sorted({r.get("error", "")[:200] for r in probes.rows if r["code"] != "OK"})[:5])
         self._window = (fault, restart)
+        self._healed = healed
 
     def _by_worker(self, report) -> dict:
         """The workload's calls and attempts started during the outage, by
@@ -126,6 +127,16 @@ class CitusWorkerCrash(CitusScenario):
             failures.append(f"no probe of the crashed worker's keys answered UNAVAILABLE: {crashed['codes']}")
         if report.notes.get("recovered_after_restart_s") is None:
             failures.append("the crashed worker's keys never answered OK within 30 s of its restart")
+        # Once the worker accepts connections again (pg_ctl start -w
+        # returned), no attempt may fail: no connection of the coordinator's
+        # cached from before the crash may surface.
+        after = report.failed_attempts_after_by_code(self._healed)
+        report.notes["failed_attempts_after_restart"] = after
+        if after:
+            failures.append(f"{sum(after.values())} attempts failed after the worker's restart: {after}")
+        after = {c: n for c, n in report.notes["probes_after_restart"]["crashed"]["codes"].items() if c != "OK"}
+        if after:
+            failures.append(f"probes of the crashed worker's keys failed after its restart: {after}")
         return failures
 
 
