@@ -13,8 +13,10 @@
   check.
 - `patroni`: etcd, Patroni nodes in synchronous_mode_strict and HAProxy
   routing on Patroni's /primary, on free ports of 127.0.0.1 (issue 21).
+- `citus`: a Citus coordinator and 2 workers on free ports of 127.0.0.1,
+  where Citus is installed (the project never installs it; issue 21).
 
 Each module can be tried by hand from `faults/` (`.venv/bin/python -c
-'from faults.infra import pg; ...'`); `pg`, `net`, `disk` and `patroni`
+'from faults.infra import pg; ...'`); `pg`, `net`, `disk`, `patroni` and `citus`
 import nothing of the harness.
 """

@@ -2,8 +2,9 @@
 under load, repeated every few seconds (issue 21): the pg_crash scenario on
 a Citus coordinator and two workers of the harness's own
 (faults/infra/citus.py), the replicas pointed at the coordinator. While it
-is down every call answers UNAVAILABLE; once health is SERVING again no
-attempt may fail until the next crash. Also measured: from each restart,
+is down calls wait for a connection (the DB timeout) and then answer
+UNAVAILABLE; once health is SERVING again no attempt may fail until the
+next crash. Also measured: from each restart,
 the first Claim of a fresh key answered OK on every replica (no retries).
 Runs only where Citus is installed (scenarios/_citus.py)."""
 
