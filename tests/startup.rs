@@ -351,3 +351,123 @@ async fn two_replicas_on_one_host_both_start_with_the_default_metrics_setting() 
         .into_inner();
     assert_eq!(outcome(&duplicate), Outcome::InProgress);
 }
+
+/// A stand-in for a PostgreSQL server that offers TLS with a self-signed
+/// X.509 version 1 certificate, as Citus's `CREATE EXTENSION` sets up: it
+/// answers the client's SSLRequest with `S`, then shakes hands with that
+/// certificate (served as it is: rustls checks no certificate it serves).
+fn v1_certificate_server(dir: &Path) -> SocketAddr {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    let openssl = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (the clients' TLS tests need it too)");
+        assert!(status.status.success(), "openssl {args:?} failed");
+    };
+    openssl(&[
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "req.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    // `x509 -req` with no extensions makes a version 1 certificate.
+    openssl(&[
+        "x509", "-req", "-in", "req.csr", "-signkey", "key.pem", "-days", "1", "-outform", "DER",
+        "-out", "cert.der",
+    ]);
+    openssl(&[
+        "pkcs8", "-topk8", "-nocrypt", "-in", "key.pem", "-outform", "DER", "-out", "key.der",
+    ]);
+    let cert = CertificateDer::from(std::fs::read(dir.join("cert.der")).unwrap());
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        std::fs::read(dir.join("key.der")).unwrap(),
+    ));
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key).unwrap();
+    let certified = Arc::new(rustls::sign::CertifiedKey::new(vec![cert], signing));
+
+    #[derive(Debug)]
+    struct Always(Arc<rustls::sign::CertifiedKey>);
+    impl rustls::server::ResolvesServerCert for Always {
+        fn resolve(
+            &self,
+            _: rustls::server::ClientHello<'_>,
+        ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+            Some(self.0.clone())
+        }
+    }
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_cert_resolver(Arc::new(Always(certified)));
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let mut request = [0u8; 8];
+                    if socket.read_exact(&mut request).await.is_err() {
+                        return;
+                    }
+                    let _ = socket.write_all(b"S").await;
+                    let _ = acceptor.accept(socket).await;
+                });
+            }
+        });
+    });
+    addr
+}
+
+#[test]
+fn a_server_certificate_that_cannot_be_read_names_the_sslmode_and_the_choices() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = v1_certificate_server(dir.path());
+    let mut command = server(dir.path());
+    command.env(
+        "DATABASE_URL",
+        format!("postgres://app:{PASSWORD}@{addr}/db"),
+    );
+    command.env("IDEMPOTENCY_DB_TIMEOUT", "5s");
+    let line = refused(command);
+    let head =
+        format!("error: DATABASE_URL: TLS with PostgreSQL at {addr} failed under sslmode=prefer: ");
+    assert!(line.starts_with(&head), "{line}");
+    assert!(line.contains("UnsupportedCertVersion"), "{line}");
+    for choice in [
+        "add sslmode=disable to DATABASE_URL",
+        "sslmode=verify-full with sslrootcert=",
+        "give the server a proper v3 certificate",
+    ] {
+        assert!(line.contains(choice), "{choice:?} missing from: {line}");
+    }
+}

@@ -48,6 +48,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 #[derive(Clone)]
 pub struct PostgresStore {
     connections: Arc<Connections>,
+    /// Plain PostgreSQL or Citus, as the connections found.
+    engine: Arc<EngineCell>,
     max_connections: u32,
     budget: Budget,
     /// Stops the purge feed's tasks when the store closes.
@@ -77,6 +79,8 @@ impl PostgresStore {
         // one: the calls keep theirs between statements (`Connections`).
         let suspicion = Arc::new(Suspicion::new());
         let checks = suspicion.clone();
+        let engine = Arc::new(EngineCell::default());
+        let found = engine.clone();
         let pool = PgPoolOptions::new()
             .max_connections(options.pool_size + 1)
             .min_connections(0)
@@ -86,6 +90,19 @@ impl PostgresStore {
             // by the ping sqlx makes when a failed statement's connection is
             // returned (see `Connections`), and by the one below for a
             // connection opened before the last connection-level error.
+            // Which engine this is, asked of every new connection (one round
+            // trip per connection, not per statement), before its first
+            // statement chooses its text by it.
+            .after_connect(move |connection, _| {
+                let found = found.clone();
+                Box::pin(async move {
+                    let citus: Option<String> = sqlx::query_scalar(CITUS_VERSION)
+                        .fetch_optional(&mut *connection)
+                        .await?;
+                    found.set(citus.as_deref());
+                    Ok(())
+                })
+            })
             .test_before_acquire(false)
             .before_acquire(move |connection, meta| {
                 let suspect = Instant::now()
@@ -101,11 +118,30 @@ impl PostgresStore {
                 kept: std::sync::Mutex::default(),
                 suspicion,
             }),
+            engine,
             max_connections: options.pool_size + 1,
             budget: Budget::new("postgresql", options.timeout),
             feed_stop: CancellationToken::new(),
             feed: feed::Slot::default(),
         }
+    }
+
+    /// The statements for the engine found. Read once a connection is held:
+    /// its `after_connect` has told the engine by then.
+    fn sql(&self) -> &'static Statements {
+        self.engine.get().unwrap_or(Engine::Postgres).statements()
+    }
+
+    /// The engine, connecting first when no connection has told it yet (for
+    /// the statements that run on the pool: the reaper).
+    async fn engine(&self) -> Result<Engine, Error> {
+        if let Some(engine) = self.engine.get() {
+            return Ok(engine);
+        }
+        self.budget
+            .run("connect", async { self.pool().acquire().await.map(drop) })
+            .await?;
+        Ok(self.engine.get().unwrap_or(Engine::Postgres))
     }
 
     /// sqlx's pool, for the statements off the call path (migrations, the
@@ -114,13 +150,25 @@ impl PostgresStore {
         &self.connections.pool
     }
 
+    /// Applies the pending migrations; on Citus, one of them distributes the
+    /// table (docs/scaling.md), and the line after says over how many shards.
     pub async fn migrate(&self) -> anyhow::Result<()> {
         MIGRATOR.run(self.pool()).await.map_err(|e| {
             anyhow::anyhow!(
                 "DATABASE_URL: migrating the database at {} failed: {e}",
                 self.server()
             )
-        })
+        })?;
+        if self.engine().await? == Engine::Citus {
+            let shards: i64 = sqlx::query_scalar(CITUS_SHARDS)
+                .fetch_one(self.pool())
+                .await?;
+            tracing::info!(
+                shards,
+                "idempotency_records is distributed by key over {shards} shards"
+            );
+        }
+        Ok(())
     }
 
     /// Connects once, outside the pool, so that a start whose database cannot
@@ -185,6 +233,11 @@ fn unreachable(server: &str, ssl_mode: PgSslMode, error: &sqlx::Error) -> String
         sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
             format!("cannot connect to PostgreSQL at {server}: connection refused")
         }
+        // sqlx hands rustls's refusal of the server's certificate back as
+        // an I/O error.
+        sqlx::Error::Io(e) if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) => {
+            tls_failed(server, ssl_mode, e)
+        }
         sqlx::Error::Io(e) => format!("cannot connect to PostgreSQL at {server}: {e}"),
         sqlx::Error::Database(e) if e.message().contains("unsupported startup parameter") => {
             format!(
@@ -233,6 +286,53 @@ fn tls_failed(server: &str, ssl_mode: PgSslMode, error: &dyn std::fmt::Display) 
     )
 }
 
+/// The database behind `DATABASE_URL`: the statements differ (sql.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Postgres,
+    /// A Citus coordinator (the extension installed in the database).
+    Citus,
+}
+
+impl Engine {
+    fn statements(self) -> &'static Statements {
+        match self {
+            Self::Postgres => &ON_POSTGRES,
+            Self::Citus => &ON_CITUS,
+        }
+    }
+}
+
+/// The engine the connections found; logged the first time it is known.
+#[derive(Default)]
+struct EngineCell(std::sync::atomic::AtomicU8);
+
+impl EngineCell {
+    fn get(&self) -> Option<Engine> {
+        match self.0.load(std::sync::atomic::Ordering::Acquire) {
+            1 => Some(Engine::Postgres),
+            2 => Some(Engine::Citus),
+            _ => None,
+        }
+    }
+
+    fn set(&self, citus_version: Option<&str>) {
+        let code = if citus_version.is_some() { 2 } else { 1 };
+        let before = self.0.swap(code, std::sync::atomic::Ordering::AcqRel);
+        if before == code {
+            return;
+        }
+        match citus_version {
+            Some(version) => tracing::info!(
+                citus = version,
+                "the database is a Citus coordinator: every call's statement goes to the one \
+                 shard of its key, with the coordinator's clock"
+            ),
+            None => tracing::info!("the database is plain PostgreSQL"),
+        }
+    }
+}
+
 impl Store for PostgresStore {
     fn kind(&self) -> &'static str {
         "postgres"
@@ -243,7 +343,7 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "fetch",
-                held!(self, |conn| sqlx::query(FETCH)
+                held!(self, |conn| sqlx::query(self.sql().fetch)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .fetch_one(conn)),
@@ -276,7 +376,7 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "claim_or_fetch",
-                held!(self, |conn| sqlx::query(CLAIM_OR_FETCH)
+                held!(self, |conn| sqlx::query(self.sql().claim_or_fetch)
                     .bind(lease.namespace.as_str())
                     .bind(lease.key.as_str())
                     .bind(lease.lease_token.as_bytes().as_slice())
@@ -306,7 +406,7 @@ impl Store for PostgresStore {
             .run(
                 "claim_or_fetch_many",
                 held!(self, |conn| arrays
-                    .bind(sqlx::query(CLAIM_OR_FETCH_MANY))
+                    .bind(sqlx::query(self.sql().claim_or_fetch_many))
                     .fetch_all(conn)),
             )
             .await?;
@@ -336,7 +436,7 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "fetch_many",
-                held!(self, |conn| sqlx::query(FETCH_MANY)
+                held!(self, |conn| sqlx::query(self.sql().fetch_many)
                     .bind(&namespaces)
                     .bind(&names)
                     .fetch_all(conn)),
@@ -359,7 +459,7 @@ impl Store for PostgresStore {
             .run(
                 "try_claim_many",
                 held!(self, |conn| arrays
-                    .bind(sqlx::query(TRY_CLAIM_MANY))
+                    .bind(sqlx::query(self.sql().try_claim_many))
                     .fetch_all(conn)),
             )
             .await?;
@@ -520,16 +620,20 @@ impl Store for PostgresStore {
     }
 
     async fn reap_expired(&self, batch: u32) -> Result<u64, Error> {
-        let done = self
-            .budget
-            .run(
-                "reap",
-                sqlx::query(REAP)
-                    .bind(i64::from(batch))
-                    .execute(self.pool()),
-            )
-            .await?;
-        Ok(done.rows_affected())
+        let engine = self.engine().await?;
+        let statement = engine.statements().reap;
+        self.budget
+            .run("reap", async {
+                let query = sqlx::query(statement).bind(i64::from(batch));
+                match engine {
+                    Engine::Postgres => Ok(query.execute(self.pool()).await?.rows_affected()),
+                    Engine::Citus => {
+                        let row = query.fetch_one(self.pool()).await?;
+                        Ok(row.try_get::<i64, _>(0)?.max(0) as u64)
+                    }
+                }
+            })
+            .await
     }
 
     /// Returns once no replica's replay cache can answer with what was
@@ -541,7 +645,7 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "purge",
-                held!(once self, |conn| sqlx::query_scalar(feed::PURGE)
+                held!(once self, |conn| sqlx::query_scalar(self.sql().purge)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(&purge.channel)
