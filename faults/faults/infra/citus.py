@@ -89,10 +89,18 @@ def _base() -> str:
 
 
 def _pg_config(flag: str) -> Optional[str]:
+    """`pg_config FLAG`: the one on PATH, else the server's own (beside its initdb)."""
+    commands = ["pg_config"]
     try:
-        return subprocess.run(["pg_config", flag], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+        commands.append(str(pg_bindir() / "pg_config"))
+    except RuntimeError:
+        pass
+    for command in commands:
+        try:
+            return subprocess.run([command, flag], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    return None
 
 
 def library() -> Optional[pathlib.Path]:
@@ -106,7 +114,7 @@ def missing() -> Optional[str]:
     and its extension control file), else why the Citus scenarios cannot run."""
     lib = library()
     if lib is None:
-        return "no pg_config to find PostgreSQL's library folder"
+        return "no pg_config to find PostgreSQL's library folder (Citus unknown)"
     if not lib.is_file():
         return f"Citus is not installed (no {lib}); the project never installs it"
     share = _pg_config("--sharedir")
