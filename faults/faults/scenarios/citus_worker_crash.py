@@ -42,8 +42,11 @@ class CitusWorkerCrash(CitusScenario):
     def __init__(self) -> None:
         super().__init__()
         self.ports = {}
+        self._window = None
+        self._healed = None
 
     async def inject(self, env: Env) -> None:
+        self._window = None
         cluster = self.cluster
         shards = await self.distributed(env)
         if len(shards) != 2:
@@ -112,7 +115,7 @@ class CitusWorkerCrash(CitusScenario):
 
     def expect(self, report):
         failures = odd_codes(report)
-        if getattr(self, "_window", None) is None:
+        if self._window is None:
             return failures + ["the worker was never crashed"]
         report.notes["workload_during_outage"] = self._by_worker(report)
         probes = report.notes["probes_during_outage"]
