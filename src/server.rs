@@ -30,6 +30,7 @@ use crate::reaper;
 use crate::reload::Reloading;
 use crate::store::cache::Cached;
 use crate::store::coalesce::Coalesced;
+use crate::store::postgres::Engine;
 use crate::store::{AnyStore, Open, Store};
 use crate::tls::{self, TlsConfig};
 
@@ -152,7 +153,21 @@ pub async fn run(
                 replay_cache_bytes = config.replay_cache_bytes,
                 "using the PostgreSQL store"
             );
-            if config.coalesce {
+            // On Citus a coalesced statement holds keys of several workers
+            // and fails whole when one of them is down: each call goes alone
+            // to its key's shard there, so a worker's outage reaches only its
+            // own keys. The engine is asked now (a database still down at
+            // start, with migrations off, is taken as plain PostgreSQL).
+            let citus = matches!(
+                tokio::time::timeout(config.db_timeout, store.engine()).await,
+                Ok(Ok(Engine::Citus))
+            );
+            if citus && config.coalesce {
+                tracing::info!(
+                    "coalescing is off on Citus: each call is its own single-shard statement"
+                );
+            }
+            if config.coalesce && !citus {
                 let store = Coalesced::new(store, config.coalesce_options());
                 serve_cached(store, &config, security, listeners, shutdown).await
             } else {

@@ -133,8 +133,8 @@ impl PostgresStore {
     }
 
     /// The engine, connecting first when no connection has told it yet (for
-    /// the statements that run on the pool: the reaper).
-    async fn engine(&self) -> Result<Engine, Error> {
+    /// the statements that run on the pool, and the server's start).
+    pub async fn engine(&self) -> Result<Engine, Error> {
         if let Some(engine) = self.engine.get() {
             return Ok(engine);
         }

@@ -26,11 +26,33 @@ pub(crate) fn starting(code: &str) -> bool {
 /// once per process, what to set when the code gives away a pooler in
 /// transaction mode.
 pub(crate) fn transient(code: &str, message: &str) -> bool {
+    if code == "XX000" && citus_lost_a_node(message) {
+        return true;
+    }
     if pooled_in_transaction_mode(code) {
         warn_of_transaction_pooling(message);
         return true;
     }
     transient_class(code)
+}
+
+/// Citus reports a worker it lost mid-transaction as internal_error (XX000),
+/// where its other connection failures are 08006: "could not commit
+/// transaction for shard … on at least one active node" and "server closed
+/// the connection unexpectedly" (while executing a command on a worker).
+/// Whether the transaction committed is then unknown, as with a COMMIT
+/// whose answer was lost: "try again" (a retried Claim or Complete finds its
+/// own lease token), not a bug.
+fn citus_lost_a_node(message: &str) -> bool {
+    [
+        "could not commit transaction",
+        "server closed the connection unexpectedly",
+        "connection to the remote node",
+        "failed to commit transaction",
+        "could not establish any connections to the node",
+    ]
+    .iter()
+    .any(|text| message.contains(text))
 }
 
 /// SQLSTATEs a session never sees for its own prepared statements, unless
@@ -86,6 +108,12 @@ mod tests {
         assert!(transient_class("57P01"));
         assert!(!transient_class("23505"));
         assert!(transient_class("25006"));
+        assert!(transient(
+            "XX000",
+            "could not commit transaction for shard 102013 on at least one active node"
+        ));
+        assert!(transient("XX000", "server closed the connection unexpectedly"));
+        assert!(!transient("XX000", "cache lookup failed for relation 1234"));
         assert!(starting("57P03"));
     }
 }
