@@ -13,10 +13,13 @@
 #   4. the examples (examples/), each against the real server and the real
 #      broker: a webhook receiver, RabbitMQ consumers in Python and Go, a NATS
 #      JetStream consumer in TypeScript, consumers killed and redelivered;
-#   5. the fault-injection harness (faults/run.sh --ci): every scenario
+#   5. the suites on Citus, only when TEST_CITUS_URL names a coordinator
+#      (scripts/test-citus.sh; otherwise one line says they did not run);
+#      the fault-injection harness (faults/run.sh --ci): every scenario
 #      (replicas killed, rolling restart, PostgreSQL crash, network partition,
-#      failover, PgBouncer, clock skew, connection exhaustion, a full disk)
-#      under a workload whose history the checker reads;
+#      failover, PgBouncer, Patroni, clock skew, connection exhaustion, a full
+#      disk; Citus's where Citus is installed) under a workload whose history
+#      the checker reads;
 #   6. the benchmark scripts' smoke runs (compare.sh: the hand-written SQL,
 #      pgbench and idempotency-bench, briefly; large-table.sh on small tables;
 #      callgrind.sh for 100 cycles);
@@ -72,6 +75,9 @@ step "Example: RabbitMQ consumer (Go), killed and redelivered"
 bash examples/rabbitmq-go/run-tests.sh
 step "Example: NATS JetStream consumer (TypeScript)"
 bash examples/nats-typescript/run-tests.sh
+
+step "Citus (only with TEST_CITUS_URL: a Citus coordinator of yours; see docs/scaling.md)"
+bash scripts/test-citus.sh
 
 step "Fault injection (every scenario of faults/, a few seconds of load each)"
 bash faults/run.sh --ci
