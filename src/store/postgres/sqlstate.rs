@@ -112,7 +112,10 @@ mod tests {
             "XX000",
             "could not commit transaction for shard 102013 on at least one active node"
         ));
-        assert!(transient("XX000", "server closed the connection unexpectedly"));
+        assert!(transient(
+            "XX000",
+            "server closed the connection unexpectedly"
+        ));
         assert!(!transient("XX000", "cache lookup failed for relation 1234"));
         assert!(starting("57P03"));
     }
