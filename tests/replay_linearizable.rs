@@ -343,3 +343,168 @@ async fn a_truncate_in_sql_reaches_every_replica() {
         [Outcome::Claimed, Outcome::InProgress, Outcome::InProgress]
     );
 }
+
+/// A TCP relay to PostgreSQL that can black-hole the connections that have
+/// sent `LISTEN`: they stay open and say nothing, as a half-open socket
+/// does.
+struct Relay {
+    addr: std::net::SocketAddr,
+    /// Bumped to black-hole every listening connection open now.
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl Relay {
+    async fn start(upstream: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, _) = tokio::sync::watch::channel(0u64);
+        let cuts = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                tokio::spawn(Self::relay(client, server, cuts.subscribe()));
+            }
+        });
+        Self { addr, cut }
+    }
+
+    async fn relay(
+        client: tokio::net::TcpStream,
+        server: tokio::net::TcpStream,
+        mut cut: tokio::sync::watch::Receiver<u64>,
+    ) {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let seen = *cut.borrow_and_update();
+        let listening = Arc::new(AtomicBool::new(false));
+        // Once set, each direction keeps its sockets open and forwards
+        // nothing more: silence, not a closed connection.
+        let silenced = Arc::new(AtomicBool::new(false));
+        let (mut client_read, mut client_write) = client.into_split();
+        let (mut server_read, mut server_write) = server.into_split();
+        let (heard, quiet) = (listening.clone(), silenced.clone());
+        let upstream = async move {
+            let mut buffer = vec![0u8; 16 * 1024];
+            loop {
+                let n = client_read.read(&mut buffer).await.unwrap_or(0);
+                if quiet.load(Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
+                if n == 0 {
+                    return;
+                }
+                if buffer[..n].windows(7).any(|w| w == b"LISTEN ") {
+                    heard.store(true, Ordering::SeqCst);
+                }
+                if server_write.write_all(&buffer[..n]).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let quiet = silenced.clone();
+        let downstream = async move {
+            let mut buffer = vec![0u8; 16 * 1024];
+            loop {
+                let n = server_read.read(&mut buffer).await.unwrap_or(0);
+                if quiet.load(Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
+                if n == 0 || client_write.write_all(&buffer[..n]).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let black_hole = async move {
+            while cut.changed().await.is_ok() {
+                if *cut.borrow() != seen && listening.load(Ordering::SeqCst) {
+                    silenced.store(true, Ordering::SeqCst);
+                    return;
+                }
+            }
+        };
+        tokio::join!(upstream, downstream, black_hole);
+    }
+
+    /// Silences every connection that listens now; new ones pass.
+    fn silence_listeners(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_cut_silently_stops_the_cache_and_is_replaced() {
+    let store = StoreFixture::new(Backend::Postgres).await;
+    let url = store.database_url.clone().unwrap();
+    let upstream: std::net::SocketAddr = "127.0.0.1:5432".parse().unwrap();
+    assert!(url.contains("127.0.0.1:5432"), "{url}");
+    let relay = Relay::start(upstream).await;
+    let a = TestServer::start(store.config()).await;
+    let mut relayed = store.config();
+    // Plaintext, so that the relay can see which connection listens.
+    relayed.database_url = Some(format!(
+        "{}&sslmode=disable",
+        url.replace("127.0.0.1:5432", &relay.addr.to_string())
+    ));
+    let b = TestServer::start(relayed).await;
+    let servers = [a, b];
+    completed_and_read_everywhere(&clients(&servers), "evt_cut", b"kept").await;
+    held_in_memory_everywhere(&store, &servers, "evt_cut", b"kept").await;
+
+    relay.silence_listeners();
+    // b cannot hear this purge, nor acknowledge it: a waits the bound.
+    let start = Instant::now();
+    assert!(purge(&servers[0].client, "evt_cut").await);
+    let waited = start.elapsed();
+    eprintln!("the purge took {waited:?} (b could not hear it nor acknowledge)");
+    assert!(waited < OUT_OF_BAND_BOUND + Duration::from_secs(1));
+    // b's heartbeats no longer come back: it asks the database.
+    let next = claim(&mut servers[1].client.clone(), NS, "evt_cut").await;
+    assert_eq!(outcome(&next), Outcome::Claimed);
+    assert_eq!(next.fencing_token, 2);
+
+    // The watchdog replaces b's silent listener; its cache answers again.
+    let mut client = servers[0].client.clone();
+    complete(&mut client, NS, "evt_cut", &next.lease_token, b"again").await;
+    let cut_at = start;
+    let deadline = cut_at + Duration::from_secs(15);
+    loop {
+        let mut sql = sql(&store).await;
+        sqlx::query("SET session_replication_role = replica")
+            .execute(&mut sql)
+            .await
+            .unwrap();
+        claim(&mut servers[1].client.clone(), NS, "evt_cut").await;
+        sqlx::query(
+            "UPDATE idempotency_records SET response = 'probe'::bytea WHERE key = 'evt_cut'",
+        )
+        .execute(&mut sql)
+        .await
+        .unwrap();
+        let replay = claim(&mut servers[1].client.clone(), NS, "evt_cut").await;
+        sqlx::query("SET session_replication_role = origin")
+            .execute(&mut sql)
+            .await
+            .unwrap();
+        sqlx::query(
+            "UPDATE idempotency_records SET response = 'again'::bytea WHERE key = 'evt_cut'",
+        )
+        .execute(&mut sql)
+        .await
+        .unwrap();
+        if replay.response == b"again" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b's cache never answered again after its listener was cut"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "b's cache answered again {:?} after its listener was silenced",
+        cut_at.elapsed()
+    );
+}
