@@ -9,7 +9,13 @@ lost_completions   a key with a Complete answered OK, yet a later Claim (one
                    did not answer COMPLETED
 wrong_replays      a Claim answered COMPLETED with a response that is not the
                    one completed (the OK'd Complete's, or when no Complete was
-                   answered OK, one of those attempted)
+                   answered OK, one of those attempted); or, for a key the
+                   history records a removal of (History.removals: a Purge
+                   that answered OK, an out-of-band SQL DELETE that committed),
+                   a Claim that started once the removal was in force (the
+                   Purge's answer; the DELETE's commit + OUT_OF_BAND_BOUND)
+                   and replayed a result whose every Complete had ended before
+                   the removal began: a result the key no longer has
 fencing            two leases of one key with the same fencing token, or a
                    lease granted after another one's Claim had returned with a
                    fencing token not higher
@@ -17,6 +23,15 @@ stuck_keys         keys neither COMPLETED nor claimable at the final Claim
                    (after every lease and a reaper interval ran out)
 no_answer          calls that had not returned NO_ANSWER_GRACE seconds after
                    their deadline
+
+Keys with removals that are not workload keys (the purge_replay scenario's
+rounds) are checked for wrong_replays, and for lost_completions between a
+Complete answered OK and the key's next removal; the other counts assume
+their keys are never removed. `python -m faults.checker` runs the checker's
+self-test on synthetic histories (a stale replay is counted, a fresh one
+not); `python -m faults.checker out/purge_replay.history.jsonl
+--delete-bound 0` re-checks a recorded history with the DELETEs in force at
+their commit (the negative control on real replays).
 
 Also: calls, attempts, errors by code (logical calls and attempts), failed
 attempts after a mark, latency, and the time to recover after "healed".
@@ -37,6 +52,36 @@ COUNTS = ("effects_twice", "lost_completions", "wrong_replays", "fencing", "stuc
 #: FAILED_PRECONDITION for a lease that ran out).
 FAILURE_CODES = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "INTERNAL", "UNKNOWN", "CANCELLED",
                  "NO_ANSWER", "ABORTED", "DATA_LOSS"}
+
+
+#: The documented bound for a change made in SQL (README, "The replay cache"):
+#: every replica has forgotten the key at the latest this long after the
+#: change committed. A Purge is in force from its answer.
+OUT_OF_BAND_BOUND = 3.0
+
+
+def stale_replays(key: str, claims: List[Dict[str, Any]], completes: List[Dict[str, Any]],
+                  removals: List[Dict[str, Any]]) -> List[str]:
+    """The Claims of `key` that replayed a result the key no longer had: each
+    started at or after a removal's `effective` instant, and answered COMPLETED
+    with a response whose every Complete (whatever its answer) had ended before
+    that removal's `start`. A Complete that overlaps the removal is not
+    ordered with it, and does not count."""
+    found = []
+    for c in claims:
+        if c.get("outcome") != "COMPLETED":
+            continue
+        done = [k for k in completes if k.get("response") == c.get("response")]
+        if not done:
+            continue  # not a completed response at all: the other rule counts it
+        for r in removals:
+            if r["effective"] <= c["start"] and all(k["end"] < r["start"] for k in done):
+                found.append(f"{key}: replay {c.get('response')!r} at {c['start']:.3f} "
+                             f"({c.get('target', '?')}), completed at {max(k['end'] for k in done):.3f}, "
+                             f"removed by {r['op']} {r['start']:.3f}-{r['end']:.3f}, "
+                             f"in force from {r['effective']:.3f}")
+                break
+    return found
 
 
 def percentile(values: List[float], p: float) -> Optional[float]:
@@ -113,6 +158,10 @@ def check(history: History, scenario: str = "") -> Report:
     for effect in history.effects:
         effects_by_key[effect["key"]].append(effect)
 
+    removals_by_key: Dict[str, List[Dict[str, Any]]] = collections.defaultdict(list)
+    for removal in getattr(history, "removals", []):
+        removals_by_key[removal["key"]].append(removal)
+
     counts = dict.fromkeys(COUNTS, 0)
     examples: Dict[str, List[str]] = collections.defaultdict(list)
 
@@ -152,16 +201,19 @@ def check(history: History, scenario: str = "") -> Report:
                 count("lost_completions", f"{key}: completed, final Claim answered {final.get('outcome')}")
 
         # wrong replays
-        if ok_completes:
-            allowed = {c["response"] for c in ok_completes}
+        if key in removals_by_key:
+            wrong_replays_removed(key, claims, completes, removals_by_key[key], count)
         else:
-            allowed = {c["response"] for c in completes}
-        for c in claims:
-            if c.get("outcome") == "COMPLETED" and c.get("response") not in allowed:
-                count("wrong_replays", f"{key}: replay {c.get('response')!r} at {c['start']:.3f}, "
-                                       f"completed {sorted(allowed)!r}")
-        if len(allowed) > 1 and ok_completes:
-            count("wrong_replays", f"{key}: two different responses completed OK {sorted(allowed)!r}")
+            if ok_completes:
+                allowed = {c["response"] for c in ok_completes}
+            else:
+                allowed = {c["response"] for c in completes}
+            for c in claims:
+                if c.get("outcome") == "COMPLETED" and c.get("response") not in allowed:
+                    count("wrong_replays", f"{key}: replay {c.get('response')!r} at {c['start']:.3f}, "
+                                           f"completed {sorted(allowed)!r}")
+            if len(allowed) > 1 and ok_completes:
+                count("wrong_replays", f"{key}: two different responses completed OK {sorted(allowed)!r}")
 
         # fencing tokens unique and increasing
         leases: Dict[str, Dict[str, Any]] = {}
@@ -192,6 +244,27 @@ def check(history: History, scenario: str = "") -> Report:
         final = history.final.get(key)
         if history.final_checked and (final is None or final.get("outcome") not in ("COMPLETED", "CLAIMED")):
             count("stuck_keys", f"{key}: final Claim {final}")
+
+    # Keys of their own with removals (not workload keys): wrong replays, and
+    # completions lost between a Complete answered OK and the next removal.
+    workload_keys = set(history.keys)
+    for key, removals in removals_by_key.items():
+        if key in workload_keys:
+            continue
+        key_calls = by_key.get(key, [])
+        completes = [c for c in key_calls if c["op"] == "Complete"]
+        claims = [c for c in key_calls if c["op"] == "Claim" and c["code"] == "OK"]
+        wrong_replays_removed(key, claims, completes, removals, count)
+        for k in completes:
+            if k["code"] != "OK":
+                continue
+            until = min((r["start"] for r in removals if r["end"] > k["end"]), default=float("inf"))
+            for c in claims:
+                if k["end"] < c["start"] and c["end"] < until and c.get("outcome") != "COMPLETED":
+                    count("lost_completions", f"{key}: completed at {k['end']:.3f}, then Claim at "
+                                              f"{c['start']:.3f} answered {c.get('outcome')} "
+                                              f"(next removal at {until:.3f})")
+                    break
 
     for c in calls:
         if c["code"] == "NO_ANSWER" or c["end"] - c["start"] > c["deadline"] + NO_ANSWER_GRACE:
@@ -227,6 +300,18 @@ def check(history: History, scenario: str = "") -> Report:
     return report
 
 
+def wrong_replays_removed(key, claims, completes, removals, count) -> None:
+    """wrong_replays of a key with removals: a replay of a response no
+    Complete of the key carried, or of one the key no longer had."""
+    attempted = {c.get("response") for c in completes}
+    for c in claims:
+        if c.get("outcome") == "COMPLETED" and c.get("response") not in attempted:
+            count("wrong_replays", f"{key}: replay {c.get('response')!r} at {c['start']:.3f}, "
+                                   f"never completed")
+    for example in stale_replays(key, claims, completes, removals):
+        count("wrong_replays", example)
+
+
 def recovery(history: History, marks: Dict[str, List[float]]) -> Optional[float]:
     """Time to recover: for each "healed" mark, how long after it attempts
     still failed (the end of the last failed attempt that ended after it and
@@ -243,3 +328,98 @@ def recovery(history: History, marks: Dict[str, List[float]]) -> Optional[float]
         if failed:
             worst = max(worst, max(failed) - heal)
     return round(worst, 3)
+
+
+def self_test() -> None:
+    """The removal rule on synthetic histories: a replay of a purged result
+    after the Purge answered is counted, one of the result completed after
+    it is not; after a DELETE, a replay within OUT_OF_BAND_BOUND is not
+    counted and one after it is. Raises AssertionError on a miss."""
+
+    def history(*rows, removals=()):
+        h = History()
+        h.calls = [dict(id=i, who="t", deadline=10.0, code="OK", **row) for i, row in enumerate(rows)]
+        h.removals = list(removals)
+        return h
+
+    old, new = b"k|1|a", b"k|2|b"
+    base = [dict(op="Claim", key="k", start=0.0, end=0.01, outcome="CLAIMED", fence=1, lease="a"),
+            dict(op="Complete", key="k", start=0.02, end=0.03, response=old),
+            dict(op="Claim", key="k", start=0.04, end=0.05, outcome="COMPLETED", response=old)]
+    purge = dict(op="Purge", key="k", start=0.10, end=0.12, effective=0.12)
+    delete = dict(op="DELETE", key="k", start=0.10, end=0.12, effective=0.12 + OUT_OF_BAND_BOUND)
+    stale = dict(op="Claim", key="k", start=0.13, end=0.14, outcome="COMPLETED", response=old)
+    cases = [
+        ("no removal", history(*base), 0),
+        ("replay of the purged result after the Purge answered", history(*base, stale, removals=[purge]), 1),
+        ("replay of the purged result during the Purge", history(*base, dict(stale, start=0.11), removals=[purge]), 0),
+        ("claim after the Purge answered CLAIMED, its result replayed", history(*base, dict(
+            op="Claim", key="k", start=0.13, end=0.14, outcome="CLAIMED", fence=2, lease="b"), dict(
+            op="Complete", key="k", start=0.15, end=0.16, response=new), dict(
+            op="Claim", key="k", start=0.17, end=0.18, outcome="COMPLETED", response=new)), 0),
+        ("replay within the bound after a DELETE", history(*base, stale, removals=[delete]), 0),
+        ("replay after the bound after a DELETE", history(*base, dict(stale, start=3.2), removals=[delete]), 1),
+        ("a response never completed", history(*base, dict(stale, response=b"x"), removals=[purge]), 1),
+    ]
+    for name, h, wrong in cases:
+        report = check(h, "self-test")
+        assert report.counts["wrong_replays"] == wrong, (name, report.counts, report.examples)
+        others = {k: v for k, v in report.counts.items() if k != "wrong_replays" and v}
+        assert not others, (name, others, report.examples)
+    # A Claim between a Complete and the next removal must replay it.
+    report = check(history(*base, dict(op="Claim", key="k", start=0.06, end=0.07, outcome="CLAIMED",
+                                       fence=2, lease="c"), removals=[purge]), "self-test")
+    assert report.counts["lost_completions"] == 1, report.counts
+    print(f"checker self-test: {len(cases) + 1} synthetic histories, each counted as expected")
+
+
+def load(path) -> History:
+    """A History back from its JSON lines (History.dump); responses as bytes."""
+    import json
+    history = History()
+    for line in open(path):
+        row = json.loads(line)
+        kind = row.pop("type")
+        if kind == "mark":
+            history.marks.append((row["name"], row["at"]))
+        elif kind == "final":
+            history.final[row.pop("key")] = row
+        elif kind in ("call", "attempt", "effect", "removal"):
+            if isinstance(row.get("response"), str):
+                row["response"] = row["response"].encode()
+            {"call": history.calls, "attempt": history.attempts, "effect": history.effects,
+             "removal": history.removals}[kind].append(row)
+    return history
+
+
+def main(argv: List[str]) -> int:
+    """python -m faults.checker: the self-test. With a history file
+    (faults/out/NAME.history.jsonl): its wrong replays and lost completions of
+    removed keys (workload keys are not listed in the file, so not checked);
+    --delete-bound S takes each DELETE as in force S s after its commit
+    instead of OUT_OF_BAND_BOUND (0: the negative control, every replay
+    within the bound becomes a wrong replay)."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m faults.checker", description=main.__doc__)
+    parser.add_argument("history", nargs="?")
+    parser.add_argument("--delete-bound", type=float, default=None)
+    args = parser.parse_args(argv)
+    if args.history is None:
+        self_test()
+        return 0
+    history = load(args.history)
+    if args.delete_bound is not None:
+        for removal in history.removals:
+            if removal["op"] == "DELETE":
+                removal["effective"] = removal["end"] + args.delete_bound
+    report = check(history, args.history)
+    print(f"{len(history.removals)} removals; counts: {report.counts}")
+    for name, examples in report.examples.items():
+        for example in examples:
+            print(f"   {name}: {example}")
+    return 0 if all(v == 0 for v in report.counts.values()) else 1
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))

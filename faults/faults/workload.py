@@ -105,6 +105,11 @@ class History:
         self.counters: Dict[str, int] = {}
         #: the workload's retention in seconds (None: 24 h, longer than any run)
         self.retention: Optional[float] = None
+        #: what removed a key's record while the run went on (a Purge that
+        #: answered OK, an out-of-band SQL DELETE that committed): {"op",
+        #: "key", "start", "end", "effective", ...}; from `effective` on, no
+        #: Claim may replay a result completed before `start` (the checker)
+        self.removals: List[Dict[str, Any]] = []
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -118,11 +123,12 @@ class History:
         self.counters[name] = self.counters.get(name, 0) + by
 
     def dump(self, path) -> None:
-        """JSON lines: marks, calls, attempts, effects, final answers."""
+        """JSON lines: marks, calls, attempts, effects, removals, final answers."""
         with open(path, "w") as out:
             for name, at in self.marks:
                 out.write(json.dumps({"type": "mark", "name": name, "at": at}) + "\n")
-            for kind, rows in (("call", self.calls), ("attempt", self.attempts), ("effect", self.effects)):
+            for kind, rows in (("call", self.calls), ("attempt", self.attempts), ("effect", self.effects),
+                               ("removal", self.removals)):
                 for row in rows:
                     out.write(json.dumps({"type": kind, **_jsonable(row)}) + "\n")
             for key, row in self.final.items():
