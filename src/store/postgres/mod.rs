@@ -99,6 +99,14 @@ impl PostgresStore {
                     let citus: Option<String> = sqlx::query_scalar(CITUS_VERSION)
                         .fetch_optional(&mut *connection)
                         .await?;
+                    if citus.is_some() {
+                        let coordinator: bool = sqlx::query_scalar(CITUS_IS_COORDINATOR)
+                            .fetch_one(&mut *connection)
+                            .await?;
+                        if !coordinator {
+                            return Err(sqlx::Error::Configuration(CITUS_WORKER.into()));
+                        }
+                    }
                     found.set(citus.as_deref());
                     Ok(())
                 })
@@ -188,8 +196,12 @@ impl PostgresStore {
             )
             .await
             {
-                Ok(Ok(connection)) => {
+                Ok(Ok(mut connection)) => {
+                    let worker = citus_worker(&mut connection).await;
                     let _ = connection.close().await;
+                    if worker {
+                        anyhow::bail!("{CITUS_WORKER}");
+                    }
                     return Ok(());
                 }
                 Ok(Err(error)) => error,
@@ -301,6 +313,29 @@ impl Engine {
             Self::Citus => &ON_CITUS,
         }
     }
+}
+
+/// Why a Citus worker is refused: replicas must share the node they listen
+/// on, and Purge notifies the coordinator's listeners.
+const CITUS_WORKER: &str = "DATABASE_URL names a Citus worker, not the coordinator: connect every \
+     replica to the coordinator (Purge's notifications and the replay caches' feed are on the \
+     node the replicas listen on, and a NOTIFY reaches only that node; querying from any node \
+     is not supported; see docs/scaling.md)";
+
+/// Whether the connection is to a Citus node other than the coordinator
+/// (a failed question counts as no: the pool asks again and says why).
+async fn citus_worker(connection: &mut PgConnection) -> bool {
+    let citus: Option<String> = sqlx::query_scalar(CITUS_VERSION)
+        .fetch_optional(&mut *connection)
+        .await
+        .unwrap_or_default();
+    if citus.is_none() {
+        return false;
+    }
+    let coordinator: Result<bool, _> = sqlx::query_scalar(CITUS_IS_COORDINATOR)
+        .fetch_one(&mut *connection)
+        .await;
+    matches!(coordinator, Ok(false))
 }
 
 /// The engine the connections found; logged the first time it is known.

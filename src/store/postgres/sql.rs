@@ -371,6 +371,10 @@ SELECT * FROM idempotency_claim_or_fetch_many($1, $2, $3, $4, $5, $6)",
 pub(super) const CITUS_VERSION: &str =
     "SELECT extversion FROM pg_extension WHERE extname = 'citus'";
 
+/// Whether this Citus node is the coordinator (asked only where the
+/// extension is installed).
+pub(super) const CITUS_IS_COORDINATOR: &str = "SELECT citus_is_coordinator()";
+
 /// Whether the table is distributed, and over how many shards (Citus only:
 /// the catalogue does not exist elsewhere).
 pub(super) const CITUS_SHARDS: &str = "
