@@ -633,6 +633,24 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_larger_than_a_shards_share_is_counted_not_kept() {
+        let cache = vouched_cache();
+        let (ns, key) = names("big");
+        let mut big = completed(SystemTime::now(), Duration::from_secs(30));
+        let largest = usize::try_from(cache.largest_entry()).unwrap();
+        big.record.as_mut().unwrap().response = Some(vec![0; largest]);
+        cache.remember(cache.ticket().unwrap(), &ns, &key, &big);
+        assert!(cache.replay(&ns, &key).is_none());
+        assert_eq!(cache.stats().too_large, 1);
+        let (ns, key) = names("fits");
+        let mut fits = big.clone();
+        fits.record.as_mut().unwrap().response = Some(vec![0; largest / 2]);
+        cache.remember(cache.ticket().unwrap(), &ns, &key, &fits);
+        assert!(cache.replay(&ns, &key).is_some());
+        assert_eq!(cache.stats().too_large, 1);
+    }
+
+    #[test]
     fn the_byte_budget_bounds_the_cache() {
         let cache = ReplayCache::new(64 * 1024);
         cache.vouched(Instant::now());

@@ -11,7 +11,9 @@
 //! - every replica sends a heartbeat each second (`hb:<replica>:<sent>`),
 //!   which vouches to its own cache that every notification committed before
 //!   it has arrived (NOTIFY reaches each listener in commit order), and tells
-//!   the others that it is alive;
+//!   the others that it is alive and has a cache to wait for; a process with
+//!   no cache (the command line, a replica with the cache off) sends `hq:`
+//!   instead, only for its own listener's watchdog;
 //! - a replica acknowledges a purge (`ack:<purger>:<seq>:<replica>`) once its
 //!   cache has forgotten the key.
 //!
@@ -102,6 +104,9 @@ enum Notice {
     Heartbeat {
         from: u64,
         sent: Duration,
+        /// Sent by a process with a cache (`hb:`): one a purge waits for,
+        /// and the only kind that vouches for a cache.
+        cached: bool,
     },
     Ack {
         purger: u64,
@@ -135,11 +140,16 @@ fn notice(payload: &str) -> Option<Notice> {
     if payload == "*" {
         return Some(Notice::Truncated);
     }
-    if let Some(heartbeat) = payload.strip_prefix("hb:") {
+    let heartbeat = payload
+        .strip_prefix("hb:")
+        .map(|h| (h, true))
+        .or_else(|| payload.strip_prefix("hq:").map(|h| (h, false)));
+    if let Some((heartbeat, cached)) = heartbeat {
         let (from, sent) = heartbeat.split_once(':')?;
         return Some(Notice::Heartbeat {
             from: hex(from)?,
             sent: Duration::from_micros(sent.parse().ok()?),
+            cached,
         });
     }
     if let Some(ack) = payload.strip_prefix("ack:") {
@@ -425,16 +435,20 @@ impl Feed {
                     .await;
             }
             Notice::Truncated => self.tell(|| PurgeEvent::Lost).await,
-            Notice::Heartbeat { from, sent } => {
+            Notice::Heartbeat { from, sent, cached } => {
                 let now = Instant::now();
                 {
                     let mut heard = self.heard();
-                    heard.replicas.insert(from, now);
+                    if cached {
+                        heard.replicas.insert(from, now);
+                    }
                     if from == self.replica {
                         heard.replicas.retain(|_, at| *at + BOUND * 2 > now);
                     }
                 }
-                if from == self.replica {
+                // A heartbeat sent before a cache subscribed vouches for
+                // nothing: no purge waited for its sender.
+                if from == self.replica && cached {
                     self.tell(|| PurgeEvent::CaughtUp(self.base + sent)).await;
                 }
             }
@@ -525,8 +539,16 @@ impl Feed {
                 () = self.stop.cancelled() => return,
                 _ = every.tick() => {}
             }
+            // Read before the time: a cache that subscribes after this
+            // reads `hq` is vouched for by the next heartbeat.
+            let cached = !self
+                .subscribers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty();
+            let kind = if cached { "hb" } else { "hq" };
             let sent = self.base.elapsed().as_micros();
-            let payload = format!("hb:{:x}:{sent}", self.replica);
+            let payload = format!("{kind}:{:x}:{sent}", self.replica);
             self.notify(&notifier, "heartbeat", payload).await;
         }
     }
@@ -593,7 +615,16 @@ mod tests {
             notice("hb:7:1500000"),
             Some(Notice::Heartbeat {
                 from: 7,
-                sent: Duration::from_millis(1500)
+                sent: Duration::from_millis(1500),
+                cached: true,
+            })
+        );
+        assert_eq!(
+            notice("hq:7:1500000"),
+            Some(Notice::Heartbeat {
+                from: 7,
+                sent: Duration::from_millis(1500),
+                cached: false,
             })
         );
         assert_eq!(
