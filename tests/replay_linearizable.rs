@@ -439,7 +439,10 @@ async fn a_listener_cut_silently_stops_the_cache_and_is_replaced() {
     let store = StoreFixture::new(Backend::Postgres).await;
     let url = store.database_url.clone().unwrap();
     // The server the URL names (host:port between '@' and the database).
-    let authority = url.split('@').nth(1).and_then(|rest| rest.split('/').next());
+    let authority = url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next());
     let upstream: std::net::SocketAddr = authority
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("a numeric host:port in {url}"));
