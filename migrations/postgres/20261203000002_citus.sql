@@ -188,8 +188,8 @@ WHERE r.expires_at <= excluded.created_at
 END
 $fn$;
 
--- CLAIM_OR_FETCH_MANY as single-shard statements: per key an INSERT ... ON
--- CONFLICT DO NOTHING, and a lookup only for the keys not inserted.
+-- CLAIM_OR_FETCH_MANY: idempotency_claim_or_fetch for each key, in the order
+-- given (the clock is the transaction's, the same for every item).
 CREATE FUNCTION idempotency_claim_or_fetch_many(
     namespaces text[], keys text[], lease_tokens bytea[], fingerprints bytea[],
     leases_us int8[], retentions_us int8[])
@@ -199,44 +199,17 @@ RETURNS TABLE (ord int8, inserted bool, now timestamptz, state int2, fencing_tok
                created_at timestamptz, updated_at timestamptz,
                checkpoint bytea, checkpoint_fencing int8)
 LANGUAGE plpgsql AS $fn$
-#variable_conflict use_column
-DECLARE
-    t timestamptz := now();
-    n text;
-    k text;
 BEGIN
     FOR i IN 1 .. coalesce(array_length(keys, 1), 0) LOOP
-        n := namespaces[i];
-        k := keys[i];
-        INSERT INTO idempotency_records AS r
-            (namespace, key, state, fencing_token, lease_token, fingerprint, response, retention_us,
-             lease_expires_at, expires_at, created_at, updated_at)
-        VALUES (n, k, 1, 1, lease_tokens[i], fingerprints[i], NULL, retentions_us[i],
-                t + leases_us[i]::float8 * interval '1 microsecond',
-                t + (leases_us[i] + retentions_us[i])::float8 * interval '1 microsecond',
-                t, t)
-        ON CONFLICT (namespace, key) DO NOTHING
-        RETURNING r.fencing_token, r.lease_expires_at, r.expires_at
-        INTO fencing_token, lease_expires_at, expires_at;
-        IF FOUND THEN
-            ord := i; inserted := true; now := t;
-            state := NULL; lease_token := NULL; fingerprint := NULL; response := NULL;
-            retention_us := NULL; created_at := NULL; updated_at := NULL;
-            checkpoint := NULL; checkpoint_fencing := NULL;
-            RETURN NEXT;
-        ELSE
-            RETURN QUERY
-            SELECT i::int8, false, t, r.state, r.fencing_token, r.lease_token, r.fingerprint,
-                   r.response, r.retention_us, r.lease_expires_at, r.expires_at, r.created_at,
-                   r.updated_at, r.checkpoint, r.checkpoint_fencing
-            FROM idempotency_records AS r
-            WHERE r.namespace = n AND r.key = k;
-        END IF;
+        RETURN QUERY
+        SELECT i::int8, f.*
+        FROM idempotency_claim_or_fetch(namespaces[i], keys[i], lease_tokens[i], fingerprints[i],
+                                        leases_us[i], retentions_us[i]) AS f;
     END LOOP;
 END
 $fn$;
 
--- FETCH_MANY as one single-shard lookup per key, in input order.
+-- FETCH_MANY: idempotency_fetch for each key, in input order.
 CREATE FUNCTION idempotency_fetch_many(namespaces text[], keys text[])
 RETURNS TABLE (now timestamptz, state int2, fencing_token int8, lease_token bytea,
                fingerprint bytea, response bytea, retention_us int8,
@@ -244,28 +217,9 @@ RETURNS TABLE (now timestamptz, state int2, fencing_token int8, lease_token byte
                created_at timestamptz, updated_at timestamptz,
                checkpoint bytea, checkpoint_fencing int8)
 LANGUAGE plpgsql AS $fn$
-#variable_conflict use_column
-DECLARE
-    t timestamptz := now();
-    n text;
-    k text;
 BEGIN
     FOR i IN 1 .. coalesce(array_length(keys, 1), 0) LOOP
-        n := namespaces[i];
-        k := keys[i];
-        RETURN QUERY
-        SELECT t, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
-               r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at,
-               r.checkpoint, r.checkpoint_fencing
-        FROM idempotency_records AS r
-        WHERE r.namespace = n AND r.key = k;
-        IF NOT FOUND THEN
-            now := t;
-            state := NULL; fencing_token := NULL; lease_token := NULL; fingerprint := NULL;
-            response := NULL; retention_us := NULL; lease_expires_at := NULL; expires_at := NULL;
-            created_at := NULL; updated_at := NULL; checkpoint := NULL; checkpoint_fencing := NULL;
-            RETURN NEXT;
-        END IF;
+        RETURN QUERY SELECT * FROM idempotency_fetch(namespaces[i], keys[i]);
     END LOOP;
 END
 $fn$;
