@@ -153,6 +153,7 @@ proptest! {
             lease_ttl: Some(prost_types::Duration { seconds: 30, nanos: 0 }),
             retention: Some(prost_types::Duration { seconds: 3600, nanos: 0 }),
             lease_token: "fedcba9876543210fedcba9876543210".into(),
+            wait: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
         };
         let complete = proto::CompleteRequest {
             namespace: "orders".into(),
@@ -199,6 +200,7 @@ proptest! {
             lease_ttl,
             retention,
             lease_token: lease_token.clone(),
+            wait: None,
         };
         let identifier_ok = |s: &str, max: usize| !s.is_empty() && s.len() <= max && !s.contains('\0');
         let duration_ok = |d: &Option<prost_types::Duration>| {
