@@ -85,6 +85,8 @@ bash faults/run.sh --ci
 step "Benchmark scripts (smoke: pgbench and the load generator, 1 s per point)"
 # Each makes its own throwaway PostgreSQL cluster (initdb), as a full run does.
 BENCH_SKIP_BUILD=1 bash bench/compare.sh --smoke
+step "Waiting Claims against polling (smoke: 3 rounds of each, 64 duplicates)"
+bash bench/wait.sh --smoke
 step "Large-table benchmark (smoke: tens of thousands of rows)"
 bash bench/large-table.sh --smoke
 step "A lone call's instructions and system calls (smoke: 100 cycles)"
