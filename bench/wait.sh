@@ -45,6 +45,11 @@
 #   BENCH_WAIT_WORK_MS     the holder's work (200)
 #   BENCH_WAIT_PROCESSES   processes the duplicates are spread over (2)
 #   BENCH_WAIT_CONNECTIONS HTTP/2 connections per process (1)
+#   BENCH_QUIET_WAIT       before each pair of rounds, wait up to this many seconds
+#                          for the machine to be quiet: under BENCH_QUIET_PERCENT
+#                          (15) of its CPU busy over 100 ms (3; smoke 0: no wait).
+#                          The summary counts the rounds in which other processes
+#                          took over twice that.
 #   BENCH_SERVER_ENV       extra environment for the server, e.g.
 #                          "IDEMPOTENCY_COALESCE=false IDEMPOTENCY_REPLAY_CACHE_BYTES=0"
 #   BENCH_PG_URL           use this PostgreSQL (loopback only, with
@@ -72,11 +77,14 @@ if ((smoke)); then
   rounds="${BENCH_WAIT_ROUNDS:-3}"
   warmup="${BENCH_WAIT_WARMUP:-1}"
   holder_rounds="${BENCH_WAIT_HOLDER_ROUNDS:-3}"
+  quiet_wait="${BENCH_QUIET_WAIT:-0}"
 else
   rounds="${BENCH_WAIT_ROUNDS:-200}"
   warmup="${BENCH_WAIT_WARMUP:-5}"
   holder_rounds="${BENCH_WAIT_HOLDER_ROUNDS:-20}"
+  quiet_wait="${BENCH_QUIET_WAIT:-3}"
 fi
+quiet_percent="${BENCH_QUIET_PERCENT:-15}"
 read -r -a server_env <<<"${BENCH_SERVER_ENV:-}"
 out="${BENCH_OUT:-target/bench/wait-$(date +%Y%m%d-%H%M%S)}"
 database=idempotency_bench_wait
@@ -178,6 +186,7 @@ PYTHONPATH="$PWD/$venv/stubs:$PWD/bench/wait" "$venv/bin/python" bench/wait/run.
   --rounds "$rounds" --warmup "$warmup" --holder-rounds "$holder_rounds" \
   --duplicates "${BENCH_WAIT_DUPLICATES:-64}" --work-ms "${BENCH_WAIT_WORK_MS:-200}" \
   --processes "${BENCH_WAIT_PROCESSES:-2}" --connections "${BENCH_WAIT_CONNECTIONS:-1}" \
+  --quiet-percent "$quiet_percent" --quiet-wait "$quiet_wait" \
   "${smoke_flag[@]}" || status=$?
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/machine.txt"
 kill -0 "$server_pid" 2>/dev/null || die "the server exited during the run: see $out/server.log"

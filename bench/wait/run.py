@@ -55,6 +55,8 @@ MODE_NAMES = {
 TARGET_LAST_P99_MS = 20.0
 TARGET_STATEMENTS = 2.0
 TARGET_RATIO = 10.0
+#: Set from --quiet-percent.
+QUIET_PERCENT = 15.0
 
 
 # --- Readings ----------------------------------------------------------------------
@@ -72,6 +74,29 @@ def machine_ticks() -> int:
     with open("/proc/stat") as f:
         fields = f.readline().split()
     return sum(int(fields[i]) for i in (1, 2, 3, 6, 7, 8))
+
+
+def machine_busy_idle() -> tuple:
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return sum(int(fields[i]) for i in (1, 2, 3, 6, 7, 8)), int(fields[4]) + int(fields[5])
+
+
+async def wait_quiet(percent: float, budget: float) -> float:
+    """Waits, at most budget seconds, until the machine's CPU was under
+    percent busy over 100 ms (this project's builds and tests share the
+    machine; a round beside a compiler is noise). Between rounds the bench's
+    own processes are idle, so what is busy is someone else. Returns the last
+    busy share seen."""
+    until = time.monotonic() + budget
+    while True:
+        b0, i0 = machine_busy_idle()
+        await asyncio.sleep(0.1)
+        b1, i1 = machine_busy_idle()
+        total = (b1 - b0) + (i1 - i0)
+        busy = 100.0 * (b1 - b0) / total if total > 0 else 0.0
+        if busy < percent or time.monotonic() >= until:
+            return busy
 
 
 def postgres_ticks(postmaster: int) -> int:
@@ -298,6 +323,12 @@ def percentile(values: list, p: float) -> float:
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
+def others_share(r: dict) -> float:
+    """The share of the machine other processes took during a round."""
+    ours = r["server_ticks"] + (r["postgres_ticks"] or 0) + (r["duplicates_cpu"] + r["holder_cpu"]) * CLK_TCK
+    return max(0.0, r["machine_ticks"] - ours) / CLK_TCK / (r["wall"] * os.cpu_count())
+
+
 def statement_totals(rounds: list) -> dict:
     """calls and rows per category over the rounds."""
     totals: dict = {}
@@ -324,6 +355,7 @@ def figures(rounds: list, holder: dict, duplicates: int) -> dict:
         sum(r["machine_ticks"] - r["server_ticks"] - (r["postgres_ticks"] or 0) for r in rounds) / CLK_TCK
         - generator_cpu
     )
+    disturbed = sum(1 for r in rounds if others_share(r) > 2 * QUIET_PERCENT / 100)
     return {
         "rounds": n,
         "duplicates": dups,
@@ -342,6 +374,7 @@ def figures(rounds: list, holder: dict, duplicates: int) -> dict:
         "generator_cpu_us_per_duplicate": generator_cpu / dups * 1e6,
         "generator_cpu_share": generator_cpu / wall,
         "others_cpu_share": others / (wall * os.cpu_count()),
+        "disturbed_rounds": disturbed,
         "generator_burst_ms_max": max(max(r["duplicates_cpu_per_process"]) for r in rounds) * 1e3,
         "spread_ms": {
             "p50": percentile([max(r["spread_per_process"]) for r in rounds], 50) * 1e3,
@@ -441,7 +474,8 @@ def summary(result: dict, smoke: bool) -> str:
             f"generator: {fmt(f['generator_cpu_share'] * 100, 1)}% of one CPU over its rounds, the busiest process "
             f"{fmt(f['generator_burst_ms_max'], 1)} ms of CPU in its busiest round; first to last answer within "
             f"a process p50 / p99 {fmt(f['spread_ms']['p50'], 1)} / {fmt(f['spread_ms']['p99'], 1)} ms; "
-            f"other processes (not the server, PostgreSQL or the generator): {fmt(f['others_cpu_share'] * 100, 0)}% of the machine."
+            f"other processes (not the server, PostgreSQL or the generator): {fmt(f['others_cpu_share'] * 100, 0)}% of the machine, "
+            f"over {fmt(2 * QUIET_PERCENT, 0)}% in {f['disturbed_rounds']} rounds."
         )
     pauses = p["pauses_seen"]
     out.append(f"Polling pauses seen (s): {', '.join(str(list(x)) for x in pauses[:6])}{' …' if len(pauses) > 6 else ''}")
@@ -518,8 +552,12 @@ async def main() -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--connections", type=int, default=1, help="per process")
     parser.add_argument("--response-bytes", type=int, default=200)
+    parser.add_argument("--quiet-percent", type=float, default=15.0)
+    parser.add_argument("--quiet-wait", type=float, default=0.0, help="seconds per round pair, at most")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    global QUIET_PERCENT
+    QUIET_PERCENT = args.quiet_percent
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -550,6 +588,8 @@ async def main() -> int:
             number += 1
             measured["holder"].append(await bench.round(number, "holder"))
         for i in range(args.rounds):
+            if args.quiet_wait > 0:
+                await wait_quiet(args.quiet_percent, args.quiet_wait)
             for mode in MODES + ("replay",):
                 number += 1
                 r = await bench.round(number, mode)
