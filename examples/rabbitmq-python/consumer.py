@@ -2,28 +2,36 @@
 
 Each message is an order: {"order_id": "...", "customer": "...", "amount_cents": 1234}.
 Its effect is an order row plus a ledger row, written in this consumer's own
-PostgreSQL database in one transaction and guarded by the lease's fencing token.
+PostgreSQL database in one transaction, guarded by the lease's fencing token
+and by the body's fingerprint.
 
     for each delivery (manual acks, prefetch > 1, handled concurrently):
       key         = derive_key("orders", message_id)     stable across redeliveries
-      fingerprint = fingerprint(body)                    same id, other body: rejected
+      fingerprint = fingerprint(body)                    same id, other body: parked
       once(key):  Claim -> CLAIMED: run the effect (fenced), Complete with its receipt
                         -> COMPLETED: the stored receipt (a replay); nothing runs
                         -> IN_PROGRESS: wait for the other lease (up to WAIT_SECONDS)
-      ack only after once() returned; nack (requeue) when it raised
+      ack only after once() returned; a failure goes to a retry queue (backoff),
+      then, when the retry budget is spent, to the parking queue <queue>.dlq
+
+The queues (topology.py): <queue> is a quorum queue with a delivery limit and
+<queue>.dlq as its dead-letter target; <queue>.retry.<delay> hold a failed
+message for its backoff, then RabbitMQ dead-letters it back into <queue>.
 
 Configuration (environment):
   AMQP_URL              amqp://guest:guest@127.0.0.1:5672/
-  QUEUE                 orders                  (declared durable if absent)
+  QUEUE                 orders                  (declared with topology.py if absent)
   PREFETCH              10                      unacked deliveries in flight
   ORDERS_DATABASE_URL   postgres://postgres@127.0.0.1:5432/orders   (this consumer's own database)
   IDEMPOTENCY_TARGET    127.0.0.1:50051
-  LEASE_SECONDS         30      lease per message; once()'s heartbeat extends it while the effect runs
+  LEASE_SECONDS         30      lease per message; once()'s heartbeat extends it every 10 s while the effect runs
   RETENTION_SECONDS     604800  how long a completed message's receipt is kept and replayed (7 days)
-  WAIT_SECONDS          60      how long a redelivery waits on another consumer's live lease
+  WAIT_SECONDS          45      how long a delivery waits on another consumer's live lease (more than a lease)
+  RETRY_DELAYS          1,5,30,120,600,600,600   backoff before each retry, in seconds (then parked)
+  DELIVERY_LIMIT        20      redeliveries after a crash before RabbitMQ dead-letters a message
 
 For the test only (tests/test_exactly_once.py):
-  CONSUMER_JOURNAL      a file to append one JSON line per ack, nack or reject
+  CONSUMER_JOURNAL      a file to append one JSON line per ack, retry or park
   CONSUMER_KILL_AT      PHASE:N  SIGKILL this process when the Nth message reaches
                         PHASE: after_claim (lease held, before the effect),
                         after_effect (effect committed, before Complete),
@@ -46,12 +54,10 @@ from typing import Any, Optional, Set
 import aio_pika
 import asyncpg
 
+import topology
 from idempotency_client import (
     AsyncIdempotencyClient,
     FingerprintMismatch,
-    IdempotencyError,
-    InProgress,
-    LeaseLost,
     derive_key,
     fingerprint,
 )
@@ -64,13 +70,21 @@ NAMESPACE = "orders-consumer"
 HERE = pathlib.Path(__file__).resolve().parent
 
 # The effect, in one transaction. Both upserts carry the lease's fencing token
-# and only overwrite a row written under an OLDER token: a rerun by a newer
-# lease (the previous holder died after the commit, before Complete) rewrites
-# the same values; a write by an older lease (a holder that stalled past its
-# lease) changes nothing, and the transaction is rolled back.
+# and only overwrite a row written under an OLDER token and for the SAME body
+# (its SHA-256, the fingerprint the Claim carried):
+# - a rerun by a newer lease (the previous holder died after the commit,
+#   before Complete) rewrites the same values;
+# - a write by an older or equal lease writes nothing: it is a holder that
+#   stalled past its lease (its Complete will be refused), or a copy that
+#   arrived after the key's record expired and was reaped, whose new record
+#   starts again at token 1. apply_order() then returns the row that is there
+#   as the receipt, and Complete decides;
+# - a different body under an order id already applied never overwrites it,
+#   whatever its token (after a reaping the service cannot tell it is a
+#   mismatch any more; the row can): LedgerConflict, and the message is parked.
 UPSERT_ORDER = """
-INSERT INTO orders (order_id, customer, amount_cents, message_id, fencing)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO orders (order_id, customer, amount_cents, message_id, body_sha256, fencing)
+VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (order_id) DO UPDATE
    SET customer = EXCLUDED.customer,
        amount_cents = EXCLUDED.amount_cents,
@@ -78,6 +92,7 @@ ON CONFLICT (order_id) DO UPDATE
        fencing = EXCLUDED.fencing,
        updated_at = now()
  WHERE orders.fencing < EXCLUDED.fencing
+   AND orders.body_sha256 = EXCLUDED.body_sha256
 RETURNING order_id
 """
 
@@ -91,11 +106,22 @@ ON CONFLICT (order_id) DO UPDATE
 RETURNING entry_id
 """
 
+# The rows as they stand, when the guard wrote nothing.
+CURRENT_ORDER = """
+SELECT o.order_id, o.amount_cents, o.body_sha256, o.fencing, l.entry_id
+  FROM orders o JOIN ledger l USING (order_id)
+ WHERE o.order_id = $1
+"""
+
 RECORD_RUN = "INSERT INTO effect_runs (order_id, fencing, pid) VALUES ($1, $2, $3)"
 
 
 class StaleLease(Exception):
-    """A newer lease holder already wrote this order: our write was rejected."""
+    """The guard refused our write but the rows could not be read back (a bug)."""
+
+
+class LedgerConflict(Exception):
+    """This order id was applied with another body: never overwritten, parked."""
 
 
 class BadMessage(Exception):
@@ -136,7 +162,7 @@ class KillSwitch:
 
 
 class Journal:
-    """CONSUMER_JOURNAL: one JSON line per ack, nack or reject, written after
+    """CONSUMER_JOURNAL: one JSON line per ack, retry or park, written after
     it (the test reads it to check replays)."""
 
     def __init__(self, path: Optional[str]):
@@ -148,25 +174,42 @@ class Journal:
 
 
 # -- the effect -----------------------------------------------------------
-async def apply_order(pool: asyncpg.Pool, order: dict, message_id: str, fencing: int) -> dict:
+async def apply_order(
+    pool: asyncpg.Pool, order: dict, message_id: str, body_sha256: bytes, fencing: int
+) -> tuple[dict, bool]:
     """Write the order and its ledger entry in one transaction, fenced by the
-    lease's token. Returns the receipt that once() stores and replays."""
+    lease's token and the body's fingerprint. Returns the receipt that once()
+    stores and replays, and whether this call wrote the rows (False: they were
+    there already, written under a token >= ours for this same body, and the
+    receipt describes them). Raises LedgerConflict when the order id was
+    applied with another body."""
     async with pool.acquire() as conn:
         async with conn.transaction():
+            order_id = order["order_id"]
             if await conn.fetchval(
-                UPSERT_ORDER, order["order_id"], order["customer"], order["amount_cents"], message_id, fencing
+                UPSERT_ORDER, order_id, order["customer"], order["amount_cents"], message_id, body_sha256, fencing
             ) is None:
-                raise StaleLease(f"order {order['order_id']}: a newer lease than {fencing} wrote it")
-            entry_id = await conn.fetchval(UPSERT_LEDGER, order["order_id"], order["amount_cents"], fencing)
+                row = await conn.fetchrow(CURRENT_ORDER, order_id)
+                if row is None:
+                    raise StaleLease(f"order {order_id}: the guard refused the write but there is no row")
+                receipt = {
+                    "order_id": order_id,
+                    "amount_cents": row["amount_cents"],
+                    "ledger_entry": row["entry_id"],
+                    "fencing": row["fencing"],
+                }
+                if bytes(row["body_sha256"]) != body_sha256:
+                    raise LedgerConflict(
+                        f"order {order_id} was applied with another body ({row['amount_cents']} cents, "
+                        f"fencing token {row['fencing']}); this one ({order['amount_cents']} cents) is not applied"
+                    )
+                return receipt, False
+            entry_id = await conn.fetchval(UPSERT_LEDGER, order_id, order["amount_cents"], fencing)
             if entry_id is None:
-                raise StaleLease(f"ledger of {order['order_id']}: a newer lease than {fencing} wrote it")
-            await conn.execute(RECORD_RUN, order["order_id"], fencing, os.getpid())
-    return {
-        "order_id": order["order_id"],
-        "amount_cents": order["amount_cents"],
-        "ledger_entry": entry_id,
-        "fencing": fencing,
-    }
+                raise StaleLease(f"ledger of {order_id}: a newer lease than {fencing} wrote it")
+            await conn.execute(RECORD_RUN, order_id, fencing, os.getpid())
+    receipt = {"order_id": order_id, "amount_cents": order["amount_cents"], "ledger_entry": entry_id, "fencing": fencing}
+    return receipt, True
 
 
 def parse(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[str, dict]:
@@ -187,82 +230,160 @@ def parse(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[str, dict]:
 
 # -- the consumer -----------------------------------------------------------
 class Consumer:
-    def __init__(self, idem: AsyncIdempotencyClient, pool: asyncpg.Pool, kill: KillSwitch, journal: Journal):
+    def __init__(
+        self,
+        idem: AsyncIdempotencyClient,
+        pool: asyncpg.Pool,
+        kill: KillSwitch,
+        journal: Journal,
+        channel: aio_pika.abc.AbstractChannel,
+        queue: str,
+    ):
         self.idem = idem
         self.pool = pool
         self.kill = kill
         self.journal = journal
+        self.channel = channel
+        self.queue = queue
         self.lease = env_float("LEASE_SECONDS", 30)
         self.retention = env_float("RETENTION_SECONDS", 7 * 24 * 3600)
-        self.wait = env_float("WAIT_SECONDS", 60)
+        self.wait = env_float("WAIT_SECONDS", 45)
+        self.delays = topology.retry_delays()
 
     async def handle(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         copy = (message.headers or {}).get("x-test-copy")
         try:
             message_id, order = parse(message)
         except BadMessage as error:
-            log.error("rejecting delivery %s: %s", message.delivery_tag, error)
-            await message.reject(requeue=False)  # dead-lettered if the queue has a DLX
+            log.error("delivery %s: %s; parking it", message.delivery_tag, error)
+            await self.park(message, None, copy, "not_an_order", str(error))
             return
         key = derive_key("orders", message_id)
+        body_sha256 = fingerprint(message.body)  # SHA-256 of the body, as the Claim carries it
+        wrote = []
         try:
             async with self.idem.once(
                 NAMESPACE,
                 key,
-                fingerprint=fingerprint(message.body),
+                fingerprint=body_sha256,
                 lease_ttl=self.lease,
                 retention=self.retention,
                 wait_timeout=self.wait,
             ) as run:
                 if not run.replayed:
                     self.kill.reached("after_claim", message_id)
-                receipt = await run(self.effect, order, message_id, run.fencing_token)
+                receipt = await run(self.effect, order, message_id, body_sha256, run.fencing_token, wrote)
             if not run.replayed:
                 self.kill.reached("after_complete", message_id)
         except FingerprintMismatch:
-            # The same message id with another body: never processable.
-            log.error("message %s: another body was processed under this id; rejecting", message_id)
-            await message.reject(requeue=False)
-            self.journal.write(event="reject", reason="fingerprint_mismatch", message_id=message_id, copy=copy, pid=os.getpid())
+            # The same message id with another body, while the first one's
+            # record lives: never processable. Parked, not dropped.
+            log.error("message %s: another body was processed under this id; parking it", message_id)
+            await self.park(message, message_id, copy, "fingerprint_mismatch",
+                            "the idempotency service holds another body's fingerprint for this message id")
             return
-        except (InProgress, LeaseLost, StaleLease, IdempotencyError) as error:
-            # Not done, or not recorded as done: another consumer still holds the
-            # lease, the lease was lost, our write was fenced off, or the Claim
-            # or the Complete failed. Requeue; the redelivery's Claim tells what
+        except LedgerConflict as error:
+            # The same, found by the ledger: the first body's record expired
+            # and was reaped, so the Claim could not tell. once() released the
+            # key; nothing was written.
+            log.error("message %s: %s; parking it", message_id, error)
+            await self.park(message, message_id, copy, "conflicts_with_applied_order", str(error))
+            return
+        except Exception as error:
+            # Not done, or not recorded as done: another consumer still holds
+            # the lease after WAIT_SECONDS (InProgress), the lease was lost
+            # (LeaseLost), the Claim or the Complete failed (IdempotencyError),
+            # or the effect raised (the ledger is down; once() released the
+            # key). Retry after a backoff; the retry's Claim tells what
             # happened: a replay if the Complete did land, else a new lease.
-            log.warning("message %s: %s: %s; requeueing", message_id, type(error).__name__, error)
-            await message.nack(requeue=True)
-            self.journal.write(event="nack", reason=type(error).__name__, message_id=message_id, copy=copy, pid=os.getpid())
-            return
-        except Exception:
-            # The effect raised (database down, a bug): once() released the key,
-            # so the redelivery runs it again. Never leave a delivery unacked
-            # without a nack: RabbitMQ would hold it until consumer_timeout.
-            log.exception("message %s: the effect failed; requeueing", message_id)
-            await message.nack(requeue=True)
-            self.journal.write(event="nack", reason="error", message_id=message_id, copy=copy, pid=os.getpid())
+            log.warning("message %s: %s: %s; retrying later", message_id, type(error).__name__, error)
+            await self.retry(message, message_id, copy, type(error).__name__, str(error))
             return
         try:
             await message.ack()
         except Exception as error:  # the channel closed under us: it is redelivered, and replays
             log.warning("message %s: ack failed (%s); the redelivery will replay", message_id, error)
             return
-        log.info("message %s: %s, acked", message_id, "replayed the stored receipt" if run.replayed
-                 else f"applied under fencing token {receipt['fencing']}")
+        if run.replayed:
+            how = "replayed the stored receipt"
+        elif wrote[-1]:
+            how = f"applied under fencing token {receipt['fencing']}"
+        else:
+            how = (f"already applied under fencing token {receipt['fencing']} (its record had expired); "
+                   "completed with that receipt")
+        log.info("message %s: %s, acked", message_id, how)
         self.journal.write(
             event="ack",
             message_id=message_id,
             copy=copy,
             replayed=run.replayed,
+            wrote=bool(not run.replayed and wrote[-1]),
             redelivered=message.redelivered,
             receipt=receipt,
             pid=os.getpid(),
         )
 
-    async def effect(self, order: dict, message_id: str, fencing: int) -> dict:
-        receipt = await apply_order(self.pool, order, message_id, fencing)
+    async def effect(self, order: dict, message_id: str, body_sha256: bytes, fencing: int, wrote: list) -> dict:
+        receipt, applied = await apply_order(self.pool, order, message_id, body_sha256, fencing)
+        wrote.append(applied)
         self.kill.reached("after_effect", message_id)
         return receipt
+
+    # -- retry and park: republish a copy, then ack the delivery -------------
+    async def retry(self, message, message_id, copy, reason: str, detail: str) -> None:
+        """Send the message to the retry queue of its next backoff step, or
+        park it when the budget is spent. Never nack(requeue=True): that
+        redelivers at once and spends the delivery limit in seconds."""
+        attempt = int((message.headers or {}).get(topology.RETRY_ATTEMPT) or 0)
+        if attempt >= len(self.delays):
+            await self.park(message, message_id, copy, "retries_exhausted",
+                            f"{attempt} retries; the last failure: {reason}: {detail}")
+            return
+        target = topology.retry_queue(self.queue, self.delays[attempt])
+        if await self.republish(message, target, {topology.RETRY_ATTEMPT: attempt + 1}):
+            self.journal.write(event="retry", reason=reason, attempt=attempt + 1, message_id=message_id,
+                               copy=copy, pid=os.getpid())
+
+    async def park(self, message, message_id, copy, reason: str, detail: str) -> None:
+        """Put the message in <queue>.dlq with why, for an operator."""
+        headers = {topology.PARKED_REASON: reason, topology.PARKED_DETAIL: detail[:1000],
+                   topology.PARKED_FROM: self.queue}
+        if await self.republish(message, topology.parking_queue(self.queue), headers):
+            self.journal.write(event="park", reason=reason, message_id=message_id, copy=copy, pid=os.getpid())
+
+    async def republish(self, message, queue: str, extra_headers: dict) -> bool:
+        """Publish a copy (publisher confirms: publish() returns once the broker
+        has it), then ack the delivery. A crash between the two leaves two
+        copies, which the key makes harmless. If the publish fails, the
+        delivery is nacked back into its queue (it counts against the
+        delivery limit), so nothing is lost either way."""
+        headers = {k: v for k, v in (message.headers or {}).items() if k != "x-delivery-count"}
+        headers.update(extra_headers)
+        try:
+            await self.channel.default_exchange.publish(
+                aio_pika.Message(
+                    message.body,
+                    headers=headers,
+                    message_id=message.message_id,
+                    content_type=message.content_type,
+                    correlation_id=message.correlation_id,
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                ),
+                routing_key=queue,
+            )
+        except Exception as error:
+            log.error("delivery %s: publishing to %s failed (%s); requeueing it", message.delivery_tag, queue, error)
+            try:
+                await message.nack(requeue=True)
+            except Exception:
+                pass  # the channel is gone: RabbitMQ requeues it anyway
+            return False
+        try:
+            await message.ack()
+        except Exception as error:
+            log.warning("delivery %s: ack after publishing to %s failed (%s); a copy comes back",
+                        message.delivery_tag, queue, error)
+        return True
 
 
 async def main() -> None:
@@ -278,7 +399,6 @@ async def main() -> None:
         await conn.execute((HERE / "schema.sql").read_text())
     idem = AsyncIdempotencyClient(target)
     hooks = KillSwitch(os.environ.get("CONSUMER_KILL_AT"), os.environ.get("CONSUMER_PAUSE_AT"))
-    consumer = Consumer(idem, pool, hooks, Journal(os.environ.get("CONSUMER_JOURNAL")))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -288,18 +408,20 @@ async def main() -> None:
     connection = await aio_pika.connect_robust(amqp_url)
     in_flight: Set[asyncio.Task] = set()
 
-    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        task = asyncio.current_task()
-        in_flight.add(task)
-        try:
-            await consumer.handle(message)
-        finally:
-            in_flight.discard(task)
-
     try:
-        channel = await connection.channel()
+        channel = await connection.channel()  # publisher confirms: retry and park copies are confirmed
         await channel.set_qos(prefetch_count=prefetch)
-        queue = await channel.declare_queue(queue_name, durable=True)
+        queue = await topology.declare(channel, queue_name, topology.retry_delays(), topology.delivery_limit())
+        consumer = Consumer(idem, pool, hooks, Journal(os.environ.get("CONSUMER_JOURNAL")), channel, queue_name)
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            task = asyncio.current_task()
+            in_flight.add(task)
+            try:
+                await consumer.handle(message)
+            finally:
+                in_flight.discard(task)
+
         tag = await queue.consume(on_message)  # manual acks (no_ack=False)
         log.info("consuming %s (prefetch %d, lease %.0f s)", queue_name, prefetch, consumer.lease)
         await stop.wait()

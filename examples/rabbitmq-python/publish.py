@@ -13,6 +13,8 @@ import sys
 
 import aio_pika
 
+import topology
+
 
 async def publish(order_id: str, customer: str, amount_cents: int) -> None:
     url = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -21,7 +23,8 @@ async def publish(order_id: str, customer: str, amount_cents: int) -> None:
     connection = await aio_pika.connect(url)
     try:
         channel = await connection.channel()  # publisher confirms: publish() waits for the broker's
-        await channel.declare_queue(queue, durable=True)
+        # The same declaration as the consumer's (RabbitMQ refuses another).
+        await topology.declare(channel, queue, topology.retry_delays(), topology.delivery_limit())
         await channel.default_exchange.publish(
             aio_pika.Message(
                 body.encode(),

@@ -9,10 +9,17 @@ killed with SIGKILL at each dangerous point and restarted.
      after Claim, after the effect (before Complete), after Complete (before
      the ack); RabbitMQ requeues whatever was unacked;
   4. run it once more to the end; meanwhile publish one message that reuses an
-     order's id with another body (it must be rejected, changing nothing);
+     order's id with another body (it must be parked, changing nothing);
   5. check: every order once, one ledger entry per order with its amount,
      every delivery acked, every replay equal to the stored result, the
-     queue empty.
+     queue empty, the altered copy in the parking queue with its reason.
+
+Then the cases around it: a stalled holder fenced off; a late copy after the
+key's record expired and was reaped (same body: completed with the ledger's
+receipt, nothing written; another body: parked, nothing overwritten); a
+ledger outage longer than the retry budget (parked, then moved back by the
+operator's script and applied once); the delivery limit dead-lettering into
+the parking queue; Purge alone against the operator's procedure.
 
 TEST_SEED fixes the random kill points (printed on every run); N_ORDERS and
 N_DUPLICATES change the sizes.
@@ -33,6 +40,8 @@ import time
 import uuid
 from collections import defaultdict
 
+import sqlite3
+
 import aio_pika
 import asyncpg
 import pytest
@@ -43,6 +52,7 @@ from idempotency_client.testing import ServerProcess
 HERE = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 import consumer as consumer_module  # noqa: E402
+import topology  # noqa: E402
 
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 POSTGRES = os.environ.get("ORDERS_POSTGRES", "postgres://postgres@127.0.0.1:5432").rstrip("/")
@@ -50,6 +60,8 @@ N_ORDERS = int(os.environ.get("N_ORDERS", "60"))
 N_DUPLICATES = int(os.environ.get("N_DUPLICATES", "15"))
 PREFETCH = 8
 LEASE_SECONDS = 2  # a killed consumer's leases run out quickly
+RETRY_DELAYS = [0.2, 0.4]  # a small budget: two retries, then parked
+DELIVERY_LIMIT = 5  # above the three kills of the first test
 PHASES = ("after_claim", "after_effect", "after_complete")
 
 
@@ -71,6 +83,26 @@ def server(tmp_path):
     data_dir.mkdir()
     with ServerProcess.start(data_dir=data_dir) as server:
         yield server
+
+
+@pytest.fixture
+def reaping_server(tmp_path):
+    """A server whose reaper runs every second (the default is every minute)."""
+    data_dir = tmp_path / "service"
+    data_dir.mkdir()
+    with ServerProcess.start(data_dir=data_dir, env={"IDEMPOTENCY_REAPER_INTERVAL": "1s"}) as server:
+        server.data_dir = data_dir
+        yield server
+
+
+def record_rows(server, key: str) -> int:
+    """How many rows the server's SQLite store holds for the key (0: reaped)."""
+    db = sqlite3.connect(f"file:{server.data_dir / 'idempotency.db'}?mode=ro", uri=True, timeout=5)
+    try:
+        return db.execute("SELECT count(*) FROM idempotency_records WHERE namespace = ? AND key = ?",
+                          (consumer_module.NAMESPACE, key)).fetchone()[0]
+    finally:
+        db.close()
 
 
 @pytest.fixture
@@ -106,13 +138,15 @@ async def amqp(fn):
 
 @pytest.fixture
 def queue_name():
+    """The consumer's queues as topology.py declares them, deleted at the end."""
     name = f"orders-test-{uuid.uuid4().hex[:12]}"
 
     async def declare(channel):
-        await channel.declare_queue(name, durable=True)
+        await topology.declare(channel, name, RETRY_DELAYS, DELIVERY_LIMIT)
 
     async def delete(channel):
-        await channel.queue_delete(name)
+        for queue in topology.queue_names(name, RETRY_DELAYS):
+            await channel.queue_delete(queue)
 
     try:
         asyncio.run(amqp(declare))
@@ -149,6 +183,24 @@ def queue_depth(queue: str) -> int:
     return asyncio.run(amqp(depth))
 
 
+def retry_and_main_depths(queue: str) -> dict:
+    return {q: queue_depth(q) for q in topology.queue_names(queue, RETRY_DELAYS) if q != topology.parking_queue(queue)}
+
+
+def parked(queue: str) -> list:
+    """Take every message out of the parking queue: (message_id, headers, body)."""
+    async def drain(channel):
+        dlq = await channel.declare_queue(topology.parking_queue(queue), passive=True)
+        out = []
+        while True:
+            message = await dlq.get(fail=False, no_ack=True)
+            if message is None:
+                return out
+            out.append((message.message_id, dict(message.headers or {}), message.body))
+
+    return asyncio.run(amqp(drain))
+
+
 async def fetch(url: str, sql: str):
     conn = await asyncpg.connect(url)
     try:
@@ -160,7 +212,7 @@ async def fetch(url: str, sql: str):
 # -- the consumer process -----------------------------------------------------
 class ConsumerRun:
     def __init__(self, tmp_path, name, server, orders_db, queue, journal, kill_at=None, pause_at=None,
-                 prefetch=PREFETCH):
+                 prefetch=PREFETCH, retention=3600):
         self.log_path = tmp_path / f"consumer-{name}.log"
         env = dict(os.environ)
         env.update(
@@ -170,8 +222,10 @@ class ConsumerRun:
             ORDERS_DATABASE_URL=orders_db,
             IDEMPOTENCY_TARGET=server.target,
             LEASE_SECONDS=str(LEASE_SECONDS),
-            RETENTION_SECONDS="3600",
+            RETENTION_SECONDS=str(retention),
             WAIT_SECONDS="20",
+            RETRY_DELAYS=",".join(str(d) for d in RETRY_DELAYS),
+            DELIVERY_LIMIT=str(DELIVERY_LIMIT),
             CONSUMER_JOURNAL=str(journal),
         )
         env.pop("CONSUMER_KILL_AT", None)
@@ -253,7 +307,7 @@ def test_orders_exactly_once_through_kills(tmp_path, server, orders_db, queue_na
     runs.append(final)
     try:
         # A message reusing the first order's id with another body, published
-        # once that order is done: its fingerprint differs, so it is rejected.
+        # once that order is done: its fingerprint differs, so it is parked.
         conflict_id = "ord-0000"
         wait_for(lambda: any(e["message_id"] == conflict_id and e["event"] == "ack" for e in read_journal(journal)),
                  60, f"{conflict_id} to be acked")
@@ -263,21 +317,25 @@ def test_orders_exactly_once_through_kills(tmp_path, server, orders_db, queue_na
         def all_settled():
             entries = read_journal(journal)
             acked = {(e["message_id"], e["copy"]) for e in entries if e["event"] == "ack"}
-            rejected = {(e["message_id"], e["copy"]) for e in entries if e["event"] == "reject"}
+            rejected = {(e["message_id"], e["copy"]) for e in entries if e["event"] == "park"}
             return expected <= acked and (conflict_id, "conflict") in rejected
 
-        wait_for(all_settled, 90, "every delivery to be acked and the conflicting one rejected")
+        wait_for(all_settled, 90, "every delivery to be acked and the conflicting one parked")
     finally:
         code = final.stop()
     assert code == 0, f"the final consumer exited with {code}\n{final.log()}"
-    assert queue_depth(queue_name) == 0
+    assert retry_and_main_depths(queue_name) == {q: 0 for q in retry_and_main_depths(queue_name)}
+    [(parked_id, parked_headers, parked_body)] = parked(queue_name)
+    assert (parked_id, parked_headers["x-test-copy"], parked_headers[topology.PARKED_REASON]) == (
+        conflict_id, "conflict", "fingerprint_mismatch")
+    assert json.loads(parked_body)["amount_cents"] == orders[conflict_id]["amount_cents"] + 1
 
     entries = read_journal(journal)
     acks = defaultdict(list)
     for e in entries:
         if e["event"] == "ack":
             acks[e["message_id"]].append(e)
-    rejects = [e for e in entries if e["event"] == "reject"]
+    rejects = [e for e in entries if e["event"] == "park"]
     assert [(e["message_id"], e["copy"], e["reason"]) for e in rejects] == [(conflict_id, "conflict", "fingerprint_mismatch")]
     assert not any(e["copy"] == "conflict" for e in entries if e["event"] == "ack")
 
@@ -333,10 +391,12 @@ def test_orders_exactly_once_through_kills(tmp_path, server, orders_db, queue_na
           f"effect re-run under a newer lease for {sorted(reruns)}")
 
 
-def test_stale_lease_write_is_rejected(orders_db):
-    """The fencing guard alone: a write under an older token than the row's
-    changes nothing and raises StaleLease; a newer token takes the row over,
-    leaving one order and one ledger entry."""
+def test_fenced_writes_never_overwrite_a_newer_token_or_another_body(orders_db):
+    """The guard alone: after a write under token 5, the same body under 4 or
+    5 writes nothing and returns the rows as they stand (the receipt a late
+    copy completes with); another body is refused under any token, even 9
+    (LedgerConflict); the same body under 7 takes the rows over, leaving one
+    order and one ledger entry."""
 
     async def scenario():
         pool = await asyncpg.create_pool(orders_db, min_size=1, max_size=2)
@@ -344,42 +404,50 @@ def test_stale_lease_write_is_rejected(orders_db):
             async with pool.acquire() as conn:
                 await conn.execute((HERE / "schema.sql").read_text())
             order = {"order_id": "ord-x", "customer": "c", "amount_cents": 500}
-            first = await consumer_module.apply_order(pool, order, "ord-x", 5)
-            with pytest.raises(consumer_module.StaleLease):
-                await consumer_module.apply_order(pool, dict(order, amount_cents=999), "ord-x", 4)
-            with pytest.raises(consumer_module.StaleLease):
-                await consumer_module.apply_order(pool, order, "ord-x", 5)  # the same token again
-            newer = await consumer_module.apply_order(pool, order, "ord-x", 7)
+            fp = consumer_module.fingerprint(b"body-500")
+            first, wrote_first = await consumer_module.apply_order(pool, order, "ord-x", fp, 5)
+            older = await consumer_module.apply_order(pool, order, "ord-x", fp, 4)
+            equal = await consumer_module.apply_order(pool, order, "ord-x", fp, 5)
+            other = consumer_module.fingerprint(b"body-999")
+            for token in (1, 5, 9):
+                with pytest.raises(consumer_module.LedgerConflict):
+                    await consumer_module.apply_order(pool, dict(order, amount_cents=999), "ord-x", other, token)
+            newer, wrote_newer = await consumer_module.apply_order(pool, order, "ord-x", fp, 7)
             async with pool.acquire() as conn:
                 rows = await conn.fetch(
                     "SELECT o.amount_cents, o.fencing, l.entry_id, l.amount_cents AS ledger_amount, l.fencing AS ledger_fencing"
                     " FROM orders o JOIN ledger l USING (order_id)")
                 runs = await conn.fetch("SELECT fencing FROM effect_runs ORDER BY run_id")
-            return first, newer, [dict(r) for r in rows], [r["fencing"] for r in runs]
+            return (first, wrote_first), older, equal, (newer, wrote_newer), [dict(r) for r in rows], [r["fencing"] for r in runs]
         finally:
             await pool.close()
 
-    first, newer, rows, runs = asyncio.run(scenario())
-    assert first["ledger_entry"] == newer["ledger_entry"]
+    (first, wrote_first), older, equal, (newer, wrote_newer), rows, runs = asyncio.run(scenario())
+    assert wrote_first and wrote_newer
+    assert older == (first, False) and equal == (first, False)
+    assert first == {"order_id": "ord-x", "amount_cents": 500, "ledger_entry": first["ledger_entry"], "fencing": 5}
+    assert newer == dict(first, fencing=7)
     assert rows == [{"amount_cents": 500, "fencing": 7, "entry_id": first["ledger_entry"],
                      "ledger_amount": 500, "ledger_fencing": 7}]
     assert runs == [5, 7]
 
 
 @pytest.mark.parametrize(
-    "phase, refusal, runs",
+    "phase, runs",
     [
-        # Stalled after Claim: its effect comes too late and is fenced off.
-        ("after_claim", "StaleLease", [2]),
+        # Stalled after Claim: its effect comes too late and writes nothing
+        # (the rows carry token 2); its Complete is refused.
+        ("after_claim", [2]),
         # Stalled after its effect: its Complete comes too late and is refused.
-        ("after_effect", "LeaseLost", [1, 2]),
+        ("after_effect", [1, 2]),
     ],
 )
-def test_stalled_holder_is_fenced_off(tmp_path, server, orders_db, queue_name, phase, refusal, runs):
+def test_stalled_holder_is_fenced_off(tmp_path, server, orders_db, queue_name, phase, runs):
     """A consumer that stalls past its lease (SIGSTOP) while a second copy of
     its message is taken over by another consumer: when it resumes, its late
-    effect (token 1) is refused by the guard, or its late Complete by the
-    service; it nacks, and the redelivery of its copy is a replay."""
+    effect (token 1) writes nothing, and its late Complete is refused by the
+    service (LeaseLost); it sends its copy to the retry queue, and the retry
+    is a replay."""
     order = {"order_id": "ord-stale", "customer": "c", "amount_cents": 4200}
     body = json.dumps(order, sort_keys=True).encode()
     journal = tmp_path / "journal.jsonl"
@@ -403,11 +471,13 @@ def test_stalled_holder_is_fenced_off(tmp_path, server, orders_db, queue_name, p
         codes = [run.stop() for run in (stalled, takeover) if run is not None]
     assert codes == [0, 0], f"{codes}\n{stalled.log()}"
     assert queue_depth(queue_name) == 0
+    assert parked(queue_name) == []
 
     [second] = entries("ack", "2")
     assert (second["replayed"], second["receipt"]["fencing"], second["pid"]) == (False, 2, takeover.process.pid)
-    nacks = entries("nack", "1")
-    assert [(e["reason"], e["pid"]) for e in nacks] == [(refusal, stalled.process.pid)], read_journal(journal)
+    retries = entries("retry", "1")
+    assert [(e["reason"], e["attempt"], e["pid"]) for e in retries] == [("LeaseLost", 1, stalled.process.pid)], \
+        read_journal(journal)
     assert all(e["replayed"] and e["receipt"] == second["receipt"] for e in entries("ack", "1"))
 
     rows = asyncio.run(fetch(orders_db, "SELECT o.amount_cents, o.fencing, l.amount_cents AS ledger_amount, "
@@ -422,7 +492,8 @@ def test_readme_by_hand(tmp_path, server, orders_db, queue_name):
     consumer applies it once and acks the second copy on a replay."""
     journal = tmp_path / "journal.jsonl"
     run = ConsumerRun(tmp_path, "by-hand", server, orders_db, queue_name, journal)
-    env = dict(os.environ, AMQP_URL=AMQP_URL, QUEUE=queue_name)
+    env = dict(os.environ, AMQP_URL=AMQP_URL, QUEUE=queue_name, DELIVERY_LIMIT=str(DELIVERY_LIMIT),
+               RETRY_DELAYS=",".join(str(d) for d in RETRY_DELAYS))  # publish.py declares the queues too
     try:
         for _ in range(2):
             subprocess.run([sys.executable, str(HERE / "publish.py"), "ord-1", "c1", "1250"],
@@ -436,3 +507,221 @@ def test_readme_by_hand(tmp_path, server, orders_db, queue_name):
     rows = asyncio.run(fetch(orders_db, "SELECT o.amount_cents, l.amount_cents AS ledger_amount, o.fencing "
                              "FROM orders o JOIN ledger l USING (order_id)"))
     assert [dict(r) for r in rows] == [{"amount_cents": 1250, "ledger_amount": 1250, "fencing": 1}]
+
+
+def order_body(order_id: str, amount: int, customer: str = "c-late") -> bytes:
+    return json.dumps({"order_id": order_id, "customer": customer, "amount_cents": amount}, sort_keys=True).encode()
+
+
+def order_rows(orders_db: str) -> list:
+    return [dict(r) for r in asyncio.run(fetch(
+        orders_db, "SELECT o.order_id, o.amount_cents, o.fencing, o.updated_at, l.entry_id, "
+                   "l.amount_cents AS ledger_amount, l.fencing AS ledger_fencing "
+                   "FROM orders o JOIN ledger l USING (order_id) ORDER BY order_id"))]
+
+
+def effect_runs(orders_db: str) -> list:
+    return [r["fencing"] for r in asyncio.run(fetch(orders_db, "SELECT fencing FROM effect_runs ORDER BY run_id"))]
+
+
+def test_late_copy_after_the_record_was_reaped(tmp_path, reaping_server, orders_db, queue_name):
+    """Issue 26, defect 1. An order completes with a 1 s retention; its record
+    expires and the reaper deletes it, so the next Claim of the key starts
+    again at fencing token 1, the token the rows already carry.
+    (a) The same body again: completed with the receipt the ledger holds (the
+        one the first copy stored), acked; nothing written twice.
+    (b) Another body under the same order id, after the next reaping, twice
+        (the second copy's Claim gets token 2, newer than the rows'): both
+        parked in <queue>.dlq as conflicts_with_applied_order; the amount is
+        never overwritten."""
+    server = reaping_server
+    journal = tmp_path / "journal.jsonl"
+    key = derive_key("orders", "ord-late")
+    run = ConsumerRun(tmp_path, "late", server, orders_db, queue_name, journal, retention=1)
+
+    def events(event, copy):
+        return [e for e in read_journal(journal) if e["event"] == event and e["copy"] == copy]
+
+    def wait_reaped():
+        wait_for(lambda: record_rows(server, key) == 0, 30, "the record to expire and be reaped")
+
+    try:
+        publish(queue_name, [("ord-late", "first", order_body("ord-late", 500))])
+        wait_for(lambda: events("ack", "first"), 30, "the first copy to be acked")
+        [first] = events("ack", "first")
+        assert (first["replayed"], first["wrote"], first["receipt"]["fencing"]) == (False, True, 1)
+        rows_before = order_rows(orders_db)
+        wait_reaped()
+
+        # (a) the same body, after the reaping
+        publish(queue_name, [("ord-late", "same", order_body("ord-late", 500))])
+        wait_for(lambda: events("ack", "same"), 30, "the late copy with the same body to be acked")
+        [same] = events("ack", "same")
+        assert (same["replayed"], same["wrote"], same["receipt"]) == (False, False, first["receipt"])
+        with IdempotencyClient(server.target) as client:
+            record = client.get(consumer_module.NAMESPACE, key)
+        assert (record.state, record.fencing_token, json.loads(record.response)) == (
+            State.COMPLETED, 1, first["receipt"])  # token 1 again: the restart case
+        assert order_rows(orders_db) == rows_before  # updated_at too: not even rewritten
+        assert effect_runs(orders_db) == [1]
+        wait_reaped()
+
+        # (b) another body under the same order id, twice
+        publish(queue_name, [("ord-late", "other-1", order_body("ord-late", 999)),
+                             ("ord-late", "other-2", order_body("ord-late", 999))])
+        wait_for(lambda: events("park", "other-1") and events("park", "other-2"), 30,
+                 "both copies with another body to be parked")
+    finally:
+        assert run.stop() == 0, run.log()
+    assert order_rows(orders_db) == rows_before
+    assert effect_runs(orders_db) == [1]
+    entries = read_journal(journal)
+    assert [(e["event"], e["copy"], e.get("reason")) for e in entries[:2]] == [("ack", "first", None), ("ack", "same", None)]
+    # The two other-body copies are handled concurrently: either is parked first.
+    assert sorted((e["event"], e["copy"], e.get("reason")) for e in entries[2:]) == [
+        ("park", "other-1", "conflicts_with_applied_order"), ("park", "other-2", "conflicts_with_applied_order")]
+    dlq = parked(queue_name)
+    assert sorted((m, h["x-test-copy"], h[topology.PARKED_REASON], json.loads(b)["amount_cents"]) for m, h, b in dlq) == [
+        ("ord-late", "other-1", "conflicts_with_applied_order", 999),
+        ("ord-late", "other-2", "conflicts_with_applied_order", 999)]
+    assert all("500 cents" in h[topology.PARKED_DETAIL] for _, h, _ in dlq)
+    assert retry_and_main_depths(queue_name) == {q: 0 for q in retry_and_main_depths(queue_name)}
+    log = run.log()
+    assert "message ord-late: already applied under fencing token 1 (its record had expired); " \
+           "completed with that receipt, acked" in log
+
+
+def test_ledger_outage_longer_than_the_retry_budget_is_parked_then_applied_once(tmp_path, server, orders_db, queue_name):
+    """Issue 26, defect 4. The ledger table is gone (renamed) while an order
+    arrives: each attempt fails, goes to the retry queue of its backoff step
+    (0.2 s, then 0.4 s), and when the budget of two retries is spent the order
+    is parked in <queue>.dlq as retries_exhausted; nothing is lost and nothing
+    was applied. The operator brings the table back and moves the message
+    back with requeue_parked.py: applied once."""
+    journal = tmp_path / "journal.jsonl"
+    run = ConsumerRun(tmp_path, "outage", server, orders_db, queue_name, journal)
+    try:
+        wait_for(lambda: "consuming" in run.log(), 30, "the consumer to start (its schema applied)")
+        asyncio.run(fetch(orders_db, "ALTER TABLE ledger RENAME TO ledger_offline"))
+        publish(queue_name, [("ord-outage", "1", order_body("ord-outage", 777))])
+        wait_for(lambda: any(e["event"] == "park" for e in read_journal(journal)), 30, "the order to be parked")
+        entries = read_journal(journal)
+        assert [(e["event"], e.get("attempt"), e["reason"]) for e in entries] == [
+            ("retry", 1, "UndefinedTableError"), ("retry", 2, "UndefinedTableError"), ("park", None, "retries_exhausted")]
+        assert retry_and_main_depths(queue_name) == {q: 0 for q in retry_and_main_depths(queue_name)}
+        assert queue_depth(topology.parking_queue(queue_name)) == 1
+        assert asyncio.run(fetch(orders_db, "SELECT count(*) AS n FROM orders"))[0]["n"] == 0
+        with IdempotencyClient(server.target) as client:
+            record = client.get(consumer_module.NAMESPACE, derive_key("orders", "ord-outage"))
+        assert (record.state, record.fencing_token) == (State.RELEASED, 3)  # three attempts, each released
+
+        # The operator: the ledger is back; move the parked order back.
+        asyncio.run(fetch(orders_db, "ALTER TABLE ledger_offline RENAME TO ledger"))
+        listing = subprocess.run([sys.executable, str(HERE / "requeue_parked.py")], capture_output=True, text=True,
+                                 env=dict(os.environ, AMQP_URL=AMQP_URL, QUEUE=queue_name), check=True, timeout=30)
+        assert listing.stdout.splitlines() == ["parked\tord-outage\tretries_exhausted"]
+        moved = subprocess.run([sys.executable, str(HERE / "requeue_parked.py"), "--move", "--reason", "retries_exhausted"],
+                               capture_output=True, text=True, env=dict(os.environ, AMQP_URL=AMQP_URL, QUEUE=queue_name),
+                               check=True, timeout=30)
+        assert moved.stdout.splitlines() == ["moved\tord-outage\tretries_exhausted"]
+        wait_for(lambda: any(e["event"] == "ack" for e in read_journal(journal)), 30, "the moved order to be acked")
+    finally:
+        assert run.stop() == 0, run.log()
+    [ack] = [e for e in read_journal(journal) if e["event"] == "ack"]
+    assert (ack["wrote"], ack["receipt"]["amount_cents"], ack["receipt"]["fencing"]) == (True, 777, 4)
+    rows = order_rows(orders_db)
+    assert [(r["order_id"], r["amount_cents"], r["ledger_amount"], r["fencing"]) for r in rows] == [("ord-outage", 777, 777, 4)]
+    assert effect_runs(orders_db) == [4]
+    assert queue_depth(topology.parking_queue(queue_name)) == 0
+
+
+def test_delivery_limit_dead_letters_into_the_parking_queue(queue_name):
+    """The main queue is a durable quorum queue whose delivery limit
+    dead-letters into <queue>.dlq: a message given back DELIVERY_LIMIT + 1
+    times (what consumers dying with it unacked do) lands there, with
+    RabbitMQ's x-death saying why. Declaring it as classic, or non-durable,
+    is refused: the broker holds these arguments."""
+
+    async def scenario(channel):
+        queue = await channel.declare_queue(queue_name, passive=True)
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"{}", message_id="poison", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+            routing_key=queue_name)
+        returns = 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            message = await queue.get(fail=False)
+            if message is None:
+                if await dlq_depth(channel):
+                    break
+                await asyncio.sleep(0.05)
+                continue
+            await message.nack(requeue=True)
+            returns += 1
+        dlq = await channel.declare_queue(topology.parking_queue(queue_name), passive=True)
+        dead = await dlq.get(fail=False, no_ack=True)
+        return returns, dead
+
+    async def dlq_depth(channel):
+        dlq = await channel.declare_queue(topology.parking_queue(queue_name), passive=True)
+        return dlq.declaration_result.message_count
+
+    returns, dead = asyncio.run(amqp(scenario))
+    assert returns == DELIVERY_LIMIT + 1
+    assert dead is not None and dead.message_id == "poison"
+    assert dead.headers["x-first-death-reason"] == "delivery_limit"
+
+    for durable, arguments in ((True, {"x-queue-type": "classic"}), (False, {"x-queue-type": "quorum"})):
+        async def redeclare(channel):
+            await channel.declare_queue(queue_name, durable=durable, arguments=arguments)
+
+        with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed):
+            asyncio.run(amqp(redeclare))
+
+
+def test_purge_alone_does_not_rerun_a_guarded_effect(tmp_path, server, orders_db, queue_name):
+    """Purge makes the key claimable again, but the ledger is the effect's own
+    record: the same body after a Purge takes the key under the next token and
+    rewrites the same row (one order, one ledger entry, same amount); another
+    body after a Purge is parked (the ledger refuses it). The operator's
+    procedure to run an order again with a corrected body: void the rows, Purge
+    the key, publish the corrected order: applied under the next token."""
+    journal = tmp_path / "journal.jsonl"
+    key = derive_key("orders", "ord-purge")
+    run = ConsumerRun(tmp_path, "purge", server, orders_db, queue_name, journal)
+
+    def acks(copy):
+        return [e for e in read_journal(journal) if e["event"] == "ack" and e["copy"] == copy]
+
+    try:
+        with IdempotencyClient(server.target) as client:
+            publish(queue_name, [("ord-purge", "first", order_body("ord-purge", 100))])
+            wait_for(lambda: acks("first"), 30, "the first copy to be acked")
+            assert client.purge(consumer_module.NAMESPACE, key, reason="test: purge alone").purged
+
+            publish(queue_name, [("ord-purge", "again", order_body("ord-purge", 100))])
+            wait_for(lambda: acks("again"), 30, "the same body after the Purge to be acked")
+            [again] = acks("again")
+            assert (again["wrote"], again["receipt"]["amount_cents"], again["receipt"]["fencing"]) == (True, 100, 2)
+            assert [(r["amount_cents"], r["fencing"]) for r in order_rows(orders_db)] == [(100, 2)]
+
+            assert client.purge(consumer_module.NAMESPACE, key, reason="test: purge, another body").purged
+            publish(queue_name, [("ord-purge", "corrected", order_body("ord-purge", 150))])
+            wait_for(lambda: [e for e in read_journal(journal) if e["event"] == "park"], 30, "the other body to be parked")
+            assert [(r["amount_cents"], r["fencing"]) for r in order_rows(orders_db)] == [(100, 2)]
+            assert [(h[topology.PARKED_REASON]) for _, h, _ in parked(queue_name)] == ["conflicts_with_applied_order"]
+
+            # The procedure: void the rows (here: delete them, in one
+            # transaction), Purge the key, publish the corrected order.
+            asyncio.run(fetch(orders_db, "WITH l AS (DELETE FROM ledger WHERE order_id = 'ord-purge') "
+                                         "DELETE FROM orders WHERE order_id = 'ord-purge'"))
+            client.purge(consumer_module.NAMESPACE, key, reason="test: rerun with the corrected amount")
+            publish(queue_name, [("ord-purge", "rerun", order_body("ord-purge", 150))])
+            wait_for(lambda: acks("rerun"), 30, "the corrected order to be acked")
+            [rerun] = acks("rerun")
+            assert (rerun["wrote"], rerun["receipt"]["amount_cents"]) == (True, 150)
+            record = client.get(consumer_module.NAMESPACE, key)
+            assert (record.state, json.loads(record.response)) == (State.COMPLETED, rerun["receipt"])
+    finally:
+        assert run.stop() == 0, run.log()
+    assert [(r["amount_cents"], r["ledger_amount"]) for r in order_rows(orders_db)] == [(150, 150)]
