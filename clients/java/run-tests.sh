@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
-# Build the Java client with Debian's jars (build.sh) and run its test program
-# against a real idempotency-service (embedded store, temporary data dir, free
-# loopback port): Claim, Complete, the replay, fingerprint mismatch, in
-# progress, Release/ExtendLease/Get/Purge, the error classes, once() (replay,
-# release on exception, waiting, heartbeat, lease lost), and every vector of
-# clients/testdata/key_vectors.json; then bearer tokens, TLS and mutual TLS
-# against a second server with an access policy (make-test-certs.sh, openssl).
+# Build the Java client with Debian's jars (build.sh) and test it against real
+# idempotency-service processes (the binary named by IDEMPOTENCY_BIN), on free
+# loopback ports:
+#
+#  1. ClientTest, against a plain server (embedded store) started here: Claim,
+#     Complete, the replay, fingerprint mismatch, in progress,
+#     Release/ExtendLease/Get/Purge, the error classes, once() (replay, release
+#     on exception, waiting, heartbeat, lease lost), every vector of
+#     clients/testdata/key_vectors.json; then bearer tokens, TLS and mutual TLS
+#     against a second server with an access policy (make-test-certs.sh, openssl).
+#  2. ServerSuite, whose suites start their own servers, on the embedded store
+#     and on a fresh PostgreSQL database (psql; IDEMPOTENCY_TEST_POSTGRES, else
+#     postgres://postgres@127.0.0.1:5432): retries and lost answers
+#     (RetryTest), checkpoints with a worker JVM killed mid-job
+#     (CheckpointTest), two PostgreSQL replicas stopped and restarted under
+#     once() (ReplicaTest), and once() waiting for a holder, directly and
+#     behind a relay that clears ClaimRequest.wait (WaitTest).
+#
 # Run from anywhere.
 #
-#   IDEMPOTENCY_BIN   the server binary (default: target/release/idempotency-service)
+#   IDEMPOTENCY_BIN            the server binary (default: target/release/idempotency-service)
+#   IDEMPOTENCY_TEST_POSTGRES  the PostgreSQL the suites create their databases on
+#   JAVA_SUITES                the ServerSuite suites to run (default: all:
+#                              "retry checkpoint replica wait")
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 here="$repo/clients/java"
@@ -16,6 +30,19 @@ bin=${IDEMPOTENCY_BIN:-target/release/idempotency-service}
 case "$bin" in /*) ;; *) bin="$repo/$bin" ;; esac
 if [ ! -x "$bin" ]; then
   echo "java client: server binary not found at $bin (build it, or set IDEMPOTENCY_BIN)" >&2
+  exit 1
+fi
+export IDEMPOTENCY_BIN="$bin"
+
+# ServerSuite creates its PostgreSQL databases with psql.
+postgres=${IDEMPOTENCY_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}
+if ! command -v psql >/dev/null && command -v apt-get >/dev/null; then
+  echo "java client: installing postgresql-client (psql) from Debian" >&2
+  apt-get update -qq -o DPkg::Lock::Timeout=300
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 postgresql-client >/dev/null
+fi
+if ! psql "$postgres/postgres" -qAtc 'select 1' >/dev/null 2>&1; then
+  echo "java client: PostgreSQL not reachable at $postgres (start it, or set IDEMPOTENCY_TEST_POSTGRES)" >&2
   exit 1
 fi
 
@@ -119,3 +146,8 @@ if ! java -cp "$classpath" idempotency.client.ClientTest "127.0.0.1:$port" "$rep
   done
   exit 1
 fi
+
+# The suites that start (and stop, and kill) their own servers.
+mkdir -p "$work/suites"
+# shellcheck disable=SC2086 # JAVA_SUITES is a list of words
+java -cp "$classpath" idempotency.client.ServerSuite "$work/suites" ${JAVA_SUITES:-}

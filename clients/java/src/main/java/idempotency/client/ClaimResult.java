@@ -5,10 +5,22 @@ import java.time.Instant;
 
 /**
  * What a Claim found. {@code outcome} says which fields are set: a lease
- * ({@code leaseToken}, {@code fencingToken}, {@code leaseExpiresAt}) when
- * CLAIMED; {@code leaseExpiresAt} and {@code retryAfter} when IN_PROGRESS; the
- * stored {@code response} when COMPLETED. Unset times are null, an unset
- * token is "", an unset response is empty.
+ * ({@code leaseToken}, {@code fencingToken}, {@code leaseExpiresAt}, and the
+ * {@code checkpoint} an earlier holder saved) when CLAIMED;
+ * {@code leaseExpiresAt} and {@code retryAfter} when IN_PROGRESS; the stored
+ * {@code response} when COMPLETED. Unset times are null, an unset token is "",
+ * an unset response is empty.
+ *
+ * @param checkpoint CLAIMED only: the last checkpoint an earlier holder of the
+ *     key saved (with ExtendLease or Release), to resume from; null when there
+ *     is none (an empty one saved is an empty array)
+ * @param checkpointFencingToken the fencing token of the lease that saved
+ *     {@code checkpoint}; 0 when there is none
+ * @param retried CLAIMED only: this answer repeats the lease of an earlier
+ *     attempt with the same lease token, whose answer was lost (a retry)
+ * @param waited how long the Claim waited on the server for another holder,
+ *     when it asked to wait ({@link ClaimOptions#waitFor}); null when it did
+ *     not ask, or when the server predates waiting and ignored the request
  */
 public record ClaimResult(
     Outcome outcome,
@@ -17,9 +29,13 @@ public record ClaimResult(
     Instant leaseExpiresAt,
     byte[] response,
     Instant expiresAt,
-    Duration retryAfter) {
+    Duration retryAfter,
+    byte[] checkpoint,
+    long checkpointFencingToken,
+    boolean retried,
+    Duration waited) {
 
-  /** True when this Claim won the lease. */
+  /** True when this Claim won the lease (or, {@code retried}, got its own lease back). */
   public boolean claimed() {
     return outcome == Outcome.CLAIMED;
   }

@@ -7,6 +7,8 @@ import idempotency.client.health.HealthGrpc;
 import idempotency.v1.Idempotency;
 import idempotency.v1.IdempotencyServiceGrpc;
 import io.grpc.Channel;
+import io.grpc.ChannelCredentials;
+import io.grpc.ClientInterceptor;
 import io.grpc.ClientInterceptors;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
@@ -17,52 +19,75 @@ import io.grpc.TlsChannelCredentials;
 import io.grpc.stub.MetadataUtils;
 import java.io.File;
 import java.io.IOException;
+import java.security.SecureRandom;
 import java.time.Duration;
 import java.time.Instant;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
 import java.util.Objects;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
-import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 import java.util.function.Supplier;
-import java.util.logging.Level;
-import java.util.logging.Logger;
 
 /**
- * A blocking client of idempotency-service: the five lease calls (claim,
- * complete, release, extendLease, get, plus purge) and {@code once()}, which
- * wraps the lifecycle: Claim; on CLAIMED run the work (extending the lease
- * meanwhile), then Complete with its result, or Release when it throws; on
- * COMPLETED return the stored result without running the work (the replay).
+ * A blocking client of idempotency-service: the lease calls (claim, complete,
+ * release, extendLease, get, purge) and {@code once()}, which wraps the
+ * lifecycle: Claim; on CLAIMED run the work (extending the lease meanwhile,
+ * with the checkpoint an earlier holder saved), then Complete with its result,
+ * or Release when it throws; on COMPLETED return the stored result without
+ * running the work (the replay); on IN_PROGRESS wait for the holder.
  *
  * <pre>{@code
- * try (IdempotencyClient client = new IdempotencyClient("127.0.0.1:50051")) {
+ * try (IdempotencyClient client = new IdempotencyClient("10.0.0.1:50051,10.0.0.2:50051")) {
  *   String key = Keys.deriveKey("stripe", event.id());
  *   byte[] result = client.once("payments/stripe-webhooks", key, Keys.fingerprint(rawBody),
  *       () -> chargeCustomer(event));   // runs once per key; later calls replay its bytes
  * }
  * }</pre>
  *
- * Thread-safe; one client (one channel) per process is enough. Errors are
+ * <p>One address, several (a list, or one string with commas), or a gRPC
+ * target ({@code dns:///idempotency.internal:50051}, balanced round-robin over
+ * every address the name resolves to): one channel per address, each call
+ * starting on the next in turn and each retry going to the next one. Every
+ * call is retried on UNAVAILABLE, RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED
+ * with capped exponential backoff and full jitter within its deadline
+ * ({@link RetryPolicy}); every RPC is safe to repeat, Claim because each
+ * carries its own lease token.
+ *
+ * <p>Thread-safe; one client per process is enough. Errors are
  * {@link IdempotencyException} subclasses, one per status code.
  */
-public final class IdempotencyClient implements AutoCloseable {
+public final class IdempotencyClient implements AutoCloseable, LeaseCalls {
   /** The health service name that says the server's store is ready. */
   public static final String HEALTH_SERVICE = "idempotency.v1.IdempotencyService";
 
-  private static final Logger LOG = Logger.getLogger(IdempotencyClient.class.getName());
-  private static final Duration FIRST_WAIT = Duration.ofMillis(100);
-  private static final Duration MIN_WAIT = Duration.ofMillis(10);
+  /** Each call's deadline (all its attempts) unless the client or the call sets another. */
+  public static final Duration DEFAULT_CALL_TIMEOUT = Duration.ofSeconds(10);
 
-  private final ManagedChannel ownedChannel;
-  private final Channel channel;
+  private static final SecureRandom RANDOM = new SecureRandom();
+  private static final char[] HEX = "0123456789abcdef".toCharArray();
+
+  private final Endpoints endpoints;
   private final Duration callTimeout;
+  private final RetryPolicy retry;
+  private final Once once;
   private ScheduledExecutorService heartbeats;
 
-  /** A plaintext channel to {@code target} ("host:port"), owned (closed by {@link #close()}). */
+  /**
+   * Plaintext channels to {@code target}: "host:port", several separated by
+   * commas, or a gRPC target such as {@code dns:///name:port}. Owned (closed by
+   * {@link #close()}).
+   */
   public IdempotencyClient(String target) {
     this(builder(target));
+  }
+
+  /** Plaintext channels to these addresses, one each. */
+  public IdempotencyClient(List<String> targets) {
+    this(builder(targets));
   }
 
   /**
@@ -70,43 +95,81 @@ public final class IdempotencyClient implements AutoCloseable {
    * The channel is not closed by {@link #close()}.
    */
   public IdempotencyClient(Channel channel) {
-    this(Objects.requireNonNull(channel, "channel"), false, null, Duration.ofSeconds(10));
+    this(builder(List.of("<channel>")).channel(channel));
   }
 
   private IdempotencyClient(Builder builder) {
-    this(builder.buildChannel(), builder.channel == null, builder.token, builder.callTimeout);
+    this.endpoints = builder.buildEndpoints();
+    this.callTimeout = builder.callTimeout;
+    this.retry = builder.retry;
+    this.once = new Once(this, this::scheduler);
   }
 
-  private IdempotencyClient(Channel channel, boolean owned, String token, Duration callTimeout) {
-    this.ownedChannel = owned ? (ManagedChannel) channel : null;
-    Channel base = channel;
-    if (token != null) {
-      Metadata headers = new Metadata();
-      headers.put(Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER), "Bearer " + token);
-      base = ClientInterceptors.intercept(base, MetadataUtils.newAttachHeadersInterceptor(headers));
-    }
-    this.channel = base;
-    this.callTimeout = Objects.requireNonNull(callTimeout, "callTimeout");
-  }
-
-  /** Options: a bearer token, TLS, a per-call timeout. {@code IdempotencyClient.builder(t).token(...).build()}. */
+  /** Options: several addresses, a bearer token, TLS, a per-call timeout, retries, interceptors. */
   public static Builder builder(String target) {
-    return new Builder(target);
+    return new Builder(parseTargets(target));
   }
 
-  /** Builds an {@link IdempotencyClient} on a channel it owns (the transport on the class path). */
+  /** {@link #builder(String)} with the addresses as a list. */
+  public static Builder builder(List<String> targets) {
+    return new Builder(parseTargets(targets));
+  }
+
+  /**
+   * The addresses of a target string: split at commas, each trimmed (a gRPC
+   * target such as {@code dns:///name:port} is one address).
+   */
+  static List<String> parseTargets(String target) {
+    Objects.requireNonNull(target, "target");
+    return parseTargets(Arrays.asList(target.split(",")));
+  }
+
+  static List<String> parseTargets(List<String> targets) {
+    Objects.requireNonNull(targets, "targets");
+    List<String> addresses = new ArrayList<>();
+    for (String target : targets) {
+      String trimmed = Objects.requireNonNull(target, "target: an address is null").trim();
+      if (!trimmed.isEmpty()) {
+        addresses.add(trimmed);
+      }
+    }
+    if (addresses.isEmpty()) {
+      throw new IllegalArgumentException("target: no address given");
+    }
+    return List.copyOf(addresses);
+  }
+
+  /**
+   * A new lease token for one Claim: 128 bits from {@link SecureRandom}, as 32
+   * lowercase hex characters (what the server expects). Every Claim this
+   * client makes sends one of its own, the same on each retry of it.
+   */
+  public static String newLeaseToken() {
+    byte[] bytes = new byte[16];
+    RANDOM.nextBytes(bytes);
+    char[] text = new char[32];
+    for (int i = 0; i < bytes.length; i++) {
+      text[2 * i] = HEX[(bytes[i] >> 4) & 0xf];
+      text[2 * i + 1] = HEX[bytes[i] & 0xf];
+    }
+    return new String(text);
+  }
+
+  /** Builds an {@link IdempotencyClient} on channels it owns (the transport on the class path). */
   public static final class Builder {
-    private final String target;
+    private final List<String> targets;
     private String token;
     private boolean tls;
     private File rootCertificates;
     private File clientCertificate;
     private File clientKey;
-    private Duration callTimeout = Duration.ofSeconds(10);
+    private Duration callTimeout = DEFAULT_CALL_TIMEOUT;
+    private RetryPolicy retry = RetryPolicy.defaults();
+    private final List<ClientInterceptor> interceptors = new ArrayList<>();
     private Channel channel;
 
-    private Builder(String target) {
-      this.target = Objects.requireNonNull(target, "target");
+    private Builder(List<String> targets) {
+      this.targets = targets;
     }
 
     /** Sends {@code authorization: Bearer <token>} with every call (the server's access policy). */
@@ -139,9 +202,25 @@ public final class IdempotencyClient implements AutoCloseable {
       return this;
     }
 
-    /** The deadline of each call (default 10 s); an expired one is {@link IdempotencyException.Unavailable}. */
+    /**
+     * The overall deadline of each call, its retries included (default 10 s);
+     * a call whose deadline passes is {@link IdempotencyException.Unavailable}.
+     * A Claim that waits ({@link ClaimOptions#waitFor}) gets its wait on top.
+     */
     public Builder callTimeout(Duration callTimeout) {
       this.callTimeout = Objects.requireNonNull(callTimeout, "callTimeout");
+      return this;
+    }
+
+    /** How calls are retried (default {@link RetryPolicy#defaults()}); {@link RetryPolicy#none()} turns retries off. */
+    public Builder retry(RetryPolicy retry) {
+      this.retry = Objects.requireNonNull(retry, "retry (RetryPolicy.none() for no retries)");
+      return this;
+    }
+
+    /** Interceptors on every channel, run on every attempt of every call (tracing, tests). */
+    public Builder interceptors(ClientInterceptor... interceptors) {
+      this.interceptors.addAll(Arrays.asList(interceptors));
       return this;
     }
 
@@ -155,16 +234,40 @@ public final class IdempotencyClient implements AutoCloseable {
       return new IdempotencyClient(this);
     }
 
-    private Channel buildChannel() {
+    private Endpoints buildEndpoints() {
+      List<Endpoints.Endpoint> endpoints = new ArrayList<>();
       if (channel != null) {
         if (tls) {
           throw new IllegalArgumentException("TLS options and channel() together: configure TLS on your channel");
         }
-        return channel;
+        endpoints.add(new Endpoints.Endpoint("<channel>", decorate(channel), null));
+        return new Endpoints(endpoints);
       }
-      // Whichever transport is on the class path (grpc-netty, grpc-netty-shaded, grpc-okhttp).
+      ChannelCredentials credentials = credentials();
+      for (String target : targets) {
+        // Whichever transport is on the class path (grpc-netty, grpc-netty-shaded, grpc-okhttp).
+        // Round-robin over the addresses a name resolves to (a dns:/// name with several records).
+        ManagedChannel managed = Grpc.newChannelBuilder(target, credentials)
+            .defaultLoadBalancingPolicy("round_robin")
+            .build();
+        endpoints.add(new Endpoints.Endpoint(target, decorate(managed), managed));
+      }
+      return new Endpoints(endpoints);
+    }
+
+    private Channel decorate(Channel base) {
+      Channel channel = base;
+      if (token != null) {
+        Metadata headers = new Metadata();
+        headers.put(Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER), "Bearer " + token);
+        channel = ClientInterceptors.intercept(channel, MetadataUtils.newAttachHeadersInterceptor(headers));
+      }
+      return ClientInterceptors.intercept(channel, interceptors);
+    }
+
+    private ChannelCredentials credentials() {
       if (!tls) {
-        return Grpc.newChannelBuilder(target, InsecureChannelCredentials.create()).build();
+        return InsecureChannelCredentials.create();
       }
       try {
         TlsChannelCredentials.Builder credentials = TlsChannelCredentials.newBuilder();
@@ -174,80 +277,149 @@ public final class IdempotencyClient implements AutoCloseable {
         if (clientCertificate != null) {
           credentials.keyManager(clientCertificate, clientKey);
         }
-        return Grpc.newChannelBuilder(target, credentials.build()).build();
+        return credentials.build();
       } catch (IOException error) {
         throw new IllegalArgumentException("TLS: " + error.getMessage(), error);
       }
     }
   }
 
-  private IdempotencyServiceGrpc.IdempotencyServiceBlockingStub stub() {
-    return IdempotencyServiceGrpc.newBlockingStub(channel).withDeadlineAfter(callTimeout.toMillis(), TimeUnit.MILLISECONDS);
+  /** The addresses this client calls, one channel each. */
+  public List<String> targets() {
+    return endpoints.targets();
+  }
+
+  @Override
+  public Duration callTimeout() {
+    return callTimeout;
+  }
+
+  public RetryPolicy retryPolicy() {
+    return retry;
   }
 
   /**
-   * Polls the health check until it says SERVING for {@link #HEALTH_SERVICE},
-   * every 50 ms; throws {@link IdempotencyException.Unavailable} after {@code timeout}.
+   * Polls the health check of every address until each says SERVING for
+   * {@link #HEALTH_SERVICE}, every 50 ms; throws
+   * {@link IdempotencyException.Unavailable} after {@code timeout}.
    */
   public void waitUntilServing(Duration timeout) {
     long deadline = System.nanoTime() + timeout.toNanos();
-    String last = "no answer yet";
-    while (System.nanoTime() < deadline) {
-      try {
-        HealthCheckResponse reply = HealthGrpc.newBlockingStub(channel)
-            .withDeadlineAfter(1, TimeUnit.SECONDS)
-            .check(HealthCheckRequest.newBuilder().setService(HEALTH_SERVICE).build());
-        if (reply.getStatus() == HealthCheckResponse.ServingStatus.SERVING) {
-          return;
+    for (Endpoints.Endpoint endpoint : endpoints.all()) {
+      String last = "no answer yet";
+      while (true) {
+        try {
+          HealthCheckResponse reply = HealthGrpc.newBlockingStub(endpoint.channel)
+              .withDeadlineAfter(1, TimeUnit.SECONDS)
+              .check(HealthCheckRequest.newBuilder().setService(HEALTH_SERVICE).build());
+          if (reply.getStatus() == HealthCheckResponse.ServingStatus.SERVING) {
+            break;
+          }
+          last = reply.getStatus().name();
+        } catch (StatusRuntimeException error) {
+          last = error.getStatus().getCode() + ": " + error.getStatus().getDescription();
         }
-        last = reply.getStatus().name();
-      } catch (StatusRuntimeException error) {
-        last = error.getStatus().getCode() + ": " + error.getStatus().getDescription();
+        if (System.nanoTime() >= deadline) {
+          throw new IdempotencyException.Unavailable(
+              endpoint.target + " not SERVING after " + timeout + " (" + last + ")", io.grpc.Status.Code.UNAVAILABLE,
+              null);
+        }
+        Once.sleep(Duration.ofMillis(50));
       }
-      sleep(Duration.ofMillis(50));
     }
-    throw new IdempotencyException.Unavailable(
-        "not SERVING after " + timeout + " (" + last + ")", io.grpc.Status.Code.UNAVAILABLE, null);
+  }
+
+  /** One RPC of the service on a blocking stub. */
+  @FunctionalInterface
+  private interface Rpc<Q, R> {
+    R call(IdempotencyServiceGrpc.IdempotencyServiceBlockingStub stub, Q request);
+  }
+
+  /**
+   * One RPC with its retries: each attempt on the next channel in turn,
+   * within the overall deadline; the last failure thrown as its typed error.
+   *
+   * @param timeout the overall deadline; null: the client's callTimeout
+   * @param extraPerAttempt added to the policy's per-attempt timeout (a waiting Claim's wait)
+   */
+  private <Q, R> R call(String name, Q request, Rpc<Q, R> rpc, Duration timeout, Duration extraPerAttempt) {
+    Attempts attempts = new Attempts(retry, timeout == null ? callTimeout : timeout, extraPerAttempt);
+    int first = endpoints.first();
+    while (true) {
+      Endpoints.Endpoint endpoint = endpoints.pick(first, attempts.made());
+      IdempotencyServiceGrpc.IdempotencyServiceBlockingStub stub = IdempotencyServiceGrpc.newBlockingStub(endpoint.channel)
+          .withDeadlineAfter(attempts.attemptTimeoutNanos(), TimeUnit.NANOSECONDS);
+      try {
+        return rpc.call(stub, request);
+      } catch (StatusRuntimeException error) {
+        Duration pause = attempts.pauseAfter(error.getStatus(), name, endpoint.target);
+        if (pause == null) {
+          throw IdempotencyException.fromStatus(name, error, attempts.made());
+        }
+        Once.sleep(pause);
+      }
+    }
+  }
+
+  private <Q, R> R call(String name, Q request, Rpc<Q, R> rpc, Duration timeout) {
+    return call(name, request, rpc, timeout, Duration.ZERO);
   }
 
   // -- the calls ------------------------------------------------------------
 
   /** Claim with the server's lease and retention and no fingerprint check. */
   public ClaimResult claim(String namespace, String key) {
-    return claim(namespace, key, null, null, null);
+    return claim(namespace, key, ClaimOptions.defaults());
   }
 
   /** Claim with a payload fingerprint (null or empty: no check). */
   public ClaimResult claim(String namespace, String key, byte[] fingerprint) {
-    return claim(namespace, key, fingerprint, null, null);
+    return claim(namespace, key, ClaimOptions.defaults().fingerprint(fingerprint));
   }
 
   /**
-   * Tries to take the lease on a key. Losing a race is {@link Outcome#IN_PROGRESS}, never an error.
-   *
-   * @param fingerprint the payload's fingerprint (at most 64 bytes; null or empty: no check)
-   * @param leaseTtl the lease length; null: the server's default
-   * @param retention how long the completed result is kept; null: the server's default
+   * Claim with a fingerprint, a lease length and a retention (each null: none,
+   * or the server's default).
    */
   public ClaimResult claim(String namespace, String key, byte[] fingerprint, Duration leaseTtl, Duration retention) {
+    return claim(namespace, key, ClaimOptions.defaults().fingerprint(fingerprint).leaseTtl(leaseTtl).retention(retention));
+  }
+
+  /**
+   * Tries to take the lease on a key. Losing a race is {@link Outcome#IN_PROGRESS}, never an error
+   * (unless {@link ClaimOptions#waitFor} asks to wait for the holder first).
+   *
+   * <p>Retry-safe: the Claim carries its own lease token ({@link ClaimOptions#leaseToken}, or a new
+   * one), the same on every retry, so a retry after a lost answer gets the same lease back
+   * ({@link ClaimResult#retried()}).
+   */
+  @Override
+  public ClaimResult claim(String namespace, String key, ClaimOptions options) {
+    Objects.requireNonNull(options, "options");
     Idempotency.ClaimRequest.Builder request = Idempotency.ClaimRequest.newBuilder()
         .setNamespace(namespace)
-        .setKey(key);
+        .setKey(key)
+        .setLeaseToken(options.leaseToken() != null ? options.leaseToken() : newLeaseToken());
+    byte[] fingerprint = options.fingerprint();
     if (fingerprint != null) {
       request.setFingerprint(ByteString.copyFrom(fingerprint));
     }
-    if (leaseTtl != null) {
-      request.setLeaseTtl(toProto(leaseTtl));
+    if (options.leaseTtl() != null) {
+      request.setLeaseTtl(toProto(options.leaseTtl()));
     }
-    if (retention != null) {
-      request.setRetention(toProto(retention));
+    if (options.retention() != null) {
+      request.setRetention(toProto(options.retention()));
     }
-    Idempotency.ClaimResponse reply;
-    try {
-      reply = stub().claim(request.build());
-    } catch (StatusRuntimeException error) {
-      throw IdempotencyException.fromStatus("Claim", error);
+    Duration wait = options.waits() ? options.waitFor() : Duration.ZERO;
+    if (options.waitFor() != null) {
+      request.setWait(toProto(options.waitFor()));
     }
+    // A waiting Claim has its wait on top of the deadline, so that the server
+    // waits the whole of it and still answers before the deadline.
+    Duration timeout = (options.timeout() != null ? options.timeout() : callTimeout).plus(wait);
+    Idempotency.ClaimResponse reply = call("Claim", request.build(),
+        IdempotencyServiceGrpc.IdempotencyServiceBlockingStub::claim, timeout, wait);
+    boolean checkpointed = reply.getCheckpointFencingToken() != 0;
     return new ClaimResult(
         Outcome.of(reply.getOutcome()),
         reply.getLeaseToken(),
@@ -255,7 +427,11 @@ public final class IdempotencyClient implements AutoCloseable {
         reply.hasLeaseExpiresAt() ? toInstant(reply.getLeaseExpiresAt()) : null,
         reply.getResponse().toByteArray(),
         reply.hasExpiresAt() ? toInstant(reply.getExpiresAt()) : null,
-        reply.hasRetryAfter() ? toDuration(reply.getRetryAfter()) : null);
+        reply.hasRetryAfter() ? toDuration(reply.getRetryAfter()) : null,
+        checkpointed ? reply.getCheckpoint().toByteArray() : null,
+        reply.getCheckpointFencingToken(),
+        reply.getRetried(),
+        reply.hasWaited() ? toDuration(reply.getWaited()) : null);
   }
 
   /** Complete with the Claim's retention. */
@@ -269,6 +445,7 @@ public final class IdempotencyClient implements AutoCloseable {
    *
    * @return when the stored result expires
    */
+  @Override
   public Instant complete(String namespace, String key, String leaseToken, byte[] response, Duration retention) {
     Idempotency.CompleteRequest.Builder request = Idempotency.CompleteRequest.newBuilder()
         .setNamespace(namespace)
@@ -278,22 +455,29 @@ public final class IdempotencyClient implements AutoCloseable {
     if (retention != null) {
       request.setRetention(toProto(retention));
     }
-    try {
-      Idempotency.CompleteResponse reply = stub().complete(request.build());
-      return reply.hasExpiresAt() ? toInstant(reply.getExpiresAt()) : null;
-    } catch (StatusRuntimeException error) {
-      throw IdempotencyException.fromStatus("Complete", error);
-    }
+    Idempotency.CompleteResponse reply = call("Complete", request.build(),
+        IdempotencyServiceGrpc.IdempotencyServiceBlockingStub::complete, null);
+    return reply.hasExpiresAt() ? toInstant(reply.getExpiresAt()) : null;
   }
 
-  /** Gives a failed attempt back: the key is claimable again at once. */
+  /** Gives a failed attempt back: the key is claimable again at once (the checkpoint saved before is kept). */
   public void release(String namespace, String key, String leaseToken) {
-    try {
-      stub().release(Idempotency.ReleaseRequest.newBuilder()
-          .setNamespace(namespace).setKey(key).setLeaseToken(leaseToken).build());
-    } catch (StatusRuntimeException error) {
-      throw IdempotencyException.fromStatus("Release", error);
+    release(namespace, key, leaseToken, null);
+  }
+
+  /**
+   * Gives a failed attempt back: the key is claimable again at once.
+   *
+   * @param checkpoint saved for the next holder (how far this attempt got); null keeps the one saved before
+   */
+  @Override
+  public void release(String namespace, String key, String leaseToken, byte[] checkpoint) {
+    Idempotency.ReleaseRequest.Builder request = Idempotency.ReleaseRequest.newBuilder()
+        .setNamespace(namespace).setKey(key).setLeaseToken(leaseToken);
+    if (checkpoint != null) {
+      request.setCheckpoint(ByteString.copyFrom(checkpoint));
     }
+    call("Release", request.build(), IdempotencyServiceGrpc.IdempotencyServiceBlockingStub::release, null);
   }
 
   /**
@@ -302,27 +486,46 @@ public final class IdempotencyClient implements AutoCloseable {
    * @return when the extended lease runs out
    */
   public Instant extendLease(String namespace, String key, String leaseToken, Duration leaseTtl) {
+    return extendLease(namespace, key, leaseToken, leaseTtl, null, null);
+  }
+
+  /**
+   * Keeps a lease alive and saves a checkpoint under it: how far the work got
+   * (at most the server's limit, 64 KiB unless configured), replacing the one
+   * saved before. Whoever takes the key over after this lease receives it.
+   *
+   * @param checkpoint null keeps the one saved before
+   */
+  public Instant extendLease(String namespace, String key, String leaseToken, Duration leaseTtl, byte[] checkpoint) {
+    return extendLease(namespace, key, leaseToken, leaseTtl, checkpoint, null);
+  }
+
+  /**
+   * {@link #extendLease(String, String, String, Duration, byte[])} with its own
+   * overall deadline (null: the client's callTimeout).
+   */
+  @Override
+  public Instant extendLease(String namespace, String key, String leaseToken, Duration leaseTtl, byte[] checkpoint,
+      Duration timeout) {
     Idempotency.ExtendLeaseRequest.Builder request = Idempotency.ExtendLeaseRequest.newBuilder()
         .setNamespace(namespace).setKey(key).setLeaseToken(leaseToken);
     if (leaseTtl != null) {
       request.setLeaseTtl(toProto(leaseTtl));
     }
-    try {
-      Idempotency.ExtendLeaseResponse reply = stub().extendLease(request.build());
-      return reply.hasLeaseExpiresAt() ? toInstant(reply.getLeaseExpiresAt()) : null;
-    } catch (StatusRuntimeException error) {
-      throw IdempotencyException.fromStatus("ExtendLease", error);
+    if (checkpoint != null) {
+      request.setCheckpoint(ByteString.copyFrom(checkpoint));
     }
+    Idempotency.ExtendLeaseResponse reply = call("ExtendLease", request.build(),
+        IdempotencyServiceGrpc.IdempotencyServiceBlockingStub::extendLease, timeout);
+    return reply.hasLeaseExpiresAt() ? toInstant(reply.getLeaseExpiresAt()) : null;
   }
 
   /** Inspects a key without changing it. */
   public KeyRecord get(String namespace, String key) {
-    Idempotency.GetResponse reply;
-    try {
-      reply = stub().get(Idempotency.GetRequest.newBuilder().setNamespace(namespace).setKey(key).build());
-    } catch (StatusRuntimeException error) {
-      throw IdempotencyException.fromStatus("Get", error);
-    }
+    Idempotency.GetResponse reply = call("Get",
+        Idempotency.GetRequest.newBuilder().setNamespace(namespace).setKey(key).build(),
+        IdempotencyServiceGrpc.IdempotencyServiceBlockingStub::get, null);
+    boolean checkpointed = reply.getCheckpointFencingToken() != 0;
     return new KeyRecord(
         State.of(reply.getState()),
         reply.getFencingToken(),
@@ -331,22 +534,23 @@ public final class IdempotencyClient implements AutoCloseable {
         reply.hasLeaseExpiresAt() ? toInstant(reply.getLeaseExpiresAt()) : null,
         reply.hasExpiresAt() ? toInstant(reply.getExpiresAt()) : null,
         reply.hasCreatedAt() ? toInstant(reply.getCreatedAt()) : null,
-        reply.hasUpdatedAt() ? toInstant(reply.getUpdatedAt()) : null);
+        reply.hasUpdatedAt() ? toInstant(reply.getUpdatedAt()) : null,
+        checkpointed ? reply.getCheckpoint().toByteArray() : null,
+        reply.getCheckpointFencingToken());
   }
 
   /**
    * An operator's action: the key's record expires now, so the next Claim wins
    * it (a live lease is revoked). Logged by the server with {@code reason}.
    *
-   * @return true when there was an unexpired record to purge
+   * @return true when there was an unexpired record to purge (a retry after a
+   *     lost answer says false: the record is gone already)
    */
   public boolean purge(String namespace, String key, String reason) {
-    try {
-      return stub().purge(Idempotency.PurgeRequest.newBuilder()
-          .setNamespace(namespace).setKey(key).setReason(reason == null ? "" : reason).build()).getPurged();
-    } catch (StatusRuntimeException error) {
-      throw IdempotencyException.fromStatus("Purge", error);
-    }
+    return call("Purge",
+        Idempotency.PurgeRequest.newBuilder().setNamespace(namespace).setKey(key)
+            .setReason(reason == null ? "" : reason).build(),
+        IdempotencyServiceGrpc.IdempotencyServiceBlockingStub::purge, null).getPurged();
   }
 
   // -- once -----------------------------------------------------------------
@@ -360,7 +564,8 @@ public final class IdempotencyClient implements AutoCloseable {
    * Runs {@code work} once per key and returns its result, or the stored
    * result of an earlier run (the replay; the work does not run then).
    * When the work throws, the key is released (the next delivery retries)
-   * and the exception is rethrown as it is.
+   * and the exception is rethrown as it is. When another caller holds the
+   * key, waits for it (by default; see {@link OnceOptions.OnInProgress}).
    *
    * @throws IdempotencyException.FingerprintMismatch the key was seen with another payload
    * @throws IdempotencyException.InProgress another claimant holds the lease (after the wait, with WAIT)
@@ -379,140 +584,15 @@ public final class IdempotencyClient implements AutoCloseable {
 
   /**
    * Like onceWithDetails(), with the work given the {@link Lease}: its fencing
-   * token for downstream writes, and {@link Lease#checkLease()} for long work.
-   * A null result is stored as empty bytes.
+   * token for downstream writes, {@link Lease#checkLease()} for long work, and
+   * the checkpoint to resume from ({@link Lease#checkpoint()},
+   * {@link Lease#saveCheckpoint(byte[])}). A null result is stored as empty bytes.
    */
   public OnceResult onceWithLease(String namespace, String key, byte[] fingerprint, Function<Lease, byte[]> work,
       OnceOptions options) {
     Objects.requireNonNull(work, "work");
     Objects.requireNonNull(options, "options");
-    long deadline = System.nanoTime() + options.waitTimeout().toNanos();
-    for (int attempt = 0; ; attempt++) {
-      ClaimResult claim = claim(namespace, key, fingerprint, options.leaseTtl(), options.retention());
-      switch (claim.outcome()) {
-        case CLAIMED:
-          return runClaimed(namespace, key, claim, work, options);
-        case COMPLETED:
-          return new OnceResult(claim.response(), true, claim);
-        case FINGERPRINT_MISMATCH:
-          throw new IdempotencyException.FingerprintMismatch(
-              namespace + "/" + key + ": the key was seen with another payload fingerprint");
-        case IN_PROGRESS:
-          break;
-        default:
-          throw new IdempotencyException("Claim: unexpected outcome " + claim.outcome(), null, null);
-      }
-      long remaining = deadline - System.nanoTime();
-      if (options.onInProgress() == OnceOptions.OnInProgress.THROW || remaining <= 0) {
-        boolean waited = options.onInProgress() == OnceOptions.OnInProgress.WAIT;
-        throw new IdempotencyException.InProgress(
-            namespace + "/" + key + ": another claimant holds the lease"
-                + (waited ? " (waited " + options.waitTimeout() + ")" : "")
-                + " (retry after " + claim.retryAfter() + ")",
-            claim.retryAfter(), claim.leaseExpiresAt());
-      }
-      // 100 ms doubling, never past the other lease's expiry nor the wait timeout.
-      long pause = FIRST_WAIT.toNanos() << Math.min(attempt, 20);
-      if (claim.retryAfter() != null) {
-        pause = Math.min(pause, Math.max(claim.retryAfter().toNanos(), MIN_WAIT.toNanos()));
-      }
-      sleep(Duration.ofNanos(Math.min(pause, remaining)));
-    }
-  }
-
-  private OnceResult runClaimed(String namespace, String key, ClaimResult claim, Function<Lease, byte[]> work,
-      OnceOptions options) {
-    Lease lease = new Lease(namespace, key, claim);
-    Heartbeat heartbeat = startHeartbeat(lease, options);
-    byte[] value;
-    try {
-      value = work.apply(lease);
-    } catch (RuntimeException | Error failure) {
-      stop(heartbeat);
-      releaseAfterFailure(lease, failure);
-      throw failure;
-    }
-    stop(heartbeat);
-    if (lease.isLost()) {
-      throw new IdempotencyException.LeaseLost(
-          namespace + "/" + key + ": the lease was lost while the work ran; the result was not stored",
-          lease.lostCause());
-    }
-    byte[] response = value == null ? new byte[0] : value;
-    try {
-      complete(namespace, key, claim.leaseToken(), response, options.retention());
-    } catch (IdempotencyException.KeyNotFound | IdempotencyException.LeaseNotCurrent error) {
-      throw new IdempotencyException.LeaseLost(
-          namespace + "/" + key + ": the lease was lost before Complete; the result was not stored", error);
-    }
-    return new OnceResult(response, false, claim);
-  }
-
-  private void releaseAfterFailure(Lease lease, Throwable failure) {
-    if (lease.isLost()) {
-      return; // not ours any more: nothing to release
-    }
-    try {
-      release(lease.namespace(), lease.key(), lease.leaseToken());
-    } catch (IdempotencyException error) {
-      LOG.log(Level.WARNING, "idempotency once(): Release after a failed attempt failed: " + error.getMessage());
-      failure.addSuppressed(error);
-    }
-  }
-
-  /** Extends the lease every interval until stopped, or until the server says the lease is gone. */
-  private final class Heartbeat implements Runnable {
-    private final Lease lease;
-    private final Duration leaseTtl;
-    private boolean stopped;
-    private ScheduledFuture<?> future;
-
-    Heartbeat(Lease lease, Duration leaseTtl) {
-      this.lease = lease;
-      this.leaseTtl = leaseTtl;
-    }
-
-    @Override
-    public synchronized void run() {
-      if (stopped) {
-        return;
-      }
-      try {
-        extendLease(lease.namespace(), lease.key(), lease.leaseToken(), leaseTtl);
-      } catch (IdempotencyException.KeyNotFound | IdempotencyException.LeaseNotCurrent error) {
-        lease.markLost(error);
-        stopped = true;
-        future.cancel(false);
-      } catch (IdempotencyException error) {
-        // Transient: the lease may well still be ours, and Complete tells for sure.
-        LOG.log(Level.WARNING, "idempotency heartbeat: ExtendLease failed: " + error.getMessage());
-      }
-    }
-
-    // Waits for a beat in flight (synchronized), so no ExtendLease follows.
-    synchronized void stop() {
-      stopped = true;
-      future.cancel(false);
-    }
-  }
-
-  private Heartbeat startHeartbeat(Lease lease, OnceOptions options) {
-    Duration interval = options.effectiveHeartbeatInterval();
-    if (interval == null) {
-      return null;
-    }
-    Heartbeat heartbeat = new Heartbeat(lease, options.leaseTtl());
-    synchronized (heartbeat) {
-      heartbeat.future = scheduler().scheduleWithFixedDelay(
-          heartbeat, interval.toNanos(), interval.toNanos(), TimeUnit.NANOSECONDS);
-    }
-    return heartbeat;
-  }
-
-  private static void stop(Heartbeat heartbeat) {
-    if (heartbeat != null) {
-      heartbeat.stop();
-    }
+    return once.run(namespace, key, fingerprint, work, options);
   }
 
   private synchronized ScheduledExecutorService scheduler() {
@@ -526,7 +606,7 @@ public final class IdempotencyClient implements AutoCloseable {
     return heartbeats;
   }
 
-  /** Stops the heartbeat thread and, when the client built it, shuts the channel down. */
+  /** Stops the heartbeat thread and shuts down the channels the client built. */
   @Override
   public void close() {
     synchronized (this) {
@@ -534,33 +614,20 @@ public final class IdempotencyClient implements AutoCloseable {
         heartbeats.shutdownNow();
       }
     }
-    if (ownedChannel != null) {
-      ownedChannel.shutdown();
-      try {
-        if (!ownedChannel.awaitTermination(5, TimeUnit.SECONDS)) {
-          ownedChannel.shutdownNow();
-        }
-      } catch (InterruptedException interrupted) {
-        ownedChannel.shutdownNow();
-        Thread.currentThread().interrupt();
-      }
-    }
+    endpoints.close();
   }
 
   // -- helpers --------------------------------------------------------------
 
-  private static void sleep(Duration pause) {
-    try {
-      Thread.sleep(pause.toMillis(), (int) (pause.toNanos() % 1_000_000));
-    } catch (InterruptedException interrupted) {
-      Thread.currentThread().interrupt();
-      throw new IdempotencyException("interrupted", io.grpc.Status.Code.CANCELLED, interrupted);
-    }
-  }
-
   static com.google.protobuf.Duration toProto(Duration duration) {
-    return com.google.protobuf.Duration.newBuilder()
-        .setSeconds(duration.getSeconds()).setNanos(duration.getNano()).build();
+    long seconds = duration.getSeconds();
+    int nanos = duration.getNano();
+    if (seconds < 0 && nanos > 0) {
+      // java.time keeps nanos positive; protobuf wants them of the seconds' sign.
+      seconds += 1;
+      nanos -= 1_000_000_000;
+    }
+    return com.google.protobuf.Duration.newBuilder().setSeconds(seconds).setNanos(nanos).build();
   }
 
   static Duration toDuration(com.google.protobuf.Duration duration) {

@@ -14,6 +14,7 @@ import java.time.Instant;
 public class IdempotencyException extends RuntimeException {
   private static final long serialVersionUID = 1L;
   private final Status.Code code;
+  private int attempts;
 
   public IdempotencyException(String message, Status.Code code, Throwable cause) {
     super(message, cause);
@@ -23,6 +24,14 @@ public class IdempotencyException extends RuntimeException {
   /** The gRPC status code behind the error, or null for once()'s own outcomes. */
   public Status.Code code() {
     return code;
+  }
+
+  /**
+   * How many attempts the failed call made, its retries included (the error is
+   * the last attempt's); 0 for errors that are not a call's.
+   */
+  public int attempts() {
+    return attempts;
   }
 
   /** INVALID_ARGUMENT: a field is missing, too long or malformed; the message names it. Nothing changed. */
@@ -52,7 +61,10 @@ public class IdempotencyException extends RuntimeException {
     }
   }
 
-  /** UNAVAILABLE or DEADLINE_EXCEEDED: the service or its store cannot be reached; retry with backoff. */
+  /**
+   * UNAVAILABLE or DEADLINE_EXCEEDED: the service or its store cannot be
+   * reached, after the client's retries (see {@link RetryPolicy}) ran out.
+   */
   public static class Unavailable extends IdempotencyException {
     private static final long serialVersionUID = 1L;
 
@@ -79,7 +91,7 @@ public class IdempotencyException extends RuntimeException {
     }
   }
 
-  /** RESOURCE_EXHAUSTED: over the rate limit, or too many calls in flight; retry with backoff. */
+  /** RESOURCE_EXHAUSTED: over the rate limit, or too many calls in flight, after the client's retries ran out. */
   public static class ResourceExhausted extends IdempotencyException {
     private static final long serialVersionUID = 1L;
 
@@ -133,10 +145,21 @@ public class IdempotencyException extends RuntimeException {
     }
   }
 
-  /** The exception for a failed call: the subclass for its status code. */
-  static IdempotencyException fromStatus(String rpc, StatusRuntimeException error) {
+  /**
+   * The exception for a call that failed after {@code attempts} attempts: the
+   * subclass for the last attempt's status code (the message says how many
+   * attempts when more than one).
+   */
+  static IdempotencyException fromStatus(String rpc, StatusRuntimeException error, int attempts) {
+    IdempotencyException exception = forStatus(rpc, error, attempts > 1 ? " (after " + attempts + " attempts)" : "");
+    exception.attempts = attempts;
+    return exception;
+  }
+
+  private static IdempotencyException forStatus(String rpc, StatusRuntimeException error, String after) {
     Status status = error.getStatus();
-    String message = rpc + ": " + status.getCode() + (status.getDescription() == null ? "" : ": " + status.getDescription());
+    String message = rpc + ": " + status.getCode() + (status.getDescription() == null ? "" : ": " + status.getDescription())
+        + after;
     switch (status.getCode()) {
       case INVALID_ARGUMENT:
         return new InvalidArgument(message, error);

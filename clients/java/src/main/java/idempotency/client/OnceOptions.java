@@ -9,7 +9,14 @@ import java.time.Duration;
 public final class OnceOptions {
   /** What once() does when another claimant holds the lease. */
   public enum OnInProgress {
-    /** Claim again with backoff (100 ms doubling, never past retry_after nor the wait timeout). */
+    /**
+     * Wait for it, up to the wait timeout: every Claim asks the server to wait
+     * (ClaimRequest.wait) for the holder to Complete (the stored result is
+     * returned) or to Release or lose its lease (this call takes the key and
+     * runs the work). Against a server that predates waiting (the answer's
+     * {@code waited} unset), Claim again with backoff instead: 100 ms
+     * doubling, never past retry_after nor the wait timeout.
+     */
     WAIT,
     /** Throw {@link IdempotencyException.InProgress} at once. */
     THROW
@@ -32,7 +39,7 @@ public final class OnceOptions {
     this.heartbeatInterval = heartbeatInterval;
   }
 
-  /** The server's lease and retention, wait up to 30 s on IN_PROGRESS, heartbeat every lease/3. */
+  /** The server's lease and retention, wait up to 30 s for another holder, heartbeat every lease/3. */
   public static OnceOptions defaults() {
     return new OnceOptions(null, null, OnInProgress.WAIT, Duration.ofSeconds(30), true, null);
   }
@@ -56,7 +63,7 @@ public final class OnceOptions {
     return onInProgress(OnInProgress.THROW);
   }
 
-  /** How long WAIT waits for another claimant before throwing InProgress (default 30 s). */
+  /** How long WAIT waits for another claimant before throwing InProgress (default 30 s; zero: do not wait). */
   public OnceOptions waitTimeout(Duration waitTimeout) {
     return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval);
   }
