@@ -62,7 +62,7 @@ public final class ClaimOptions {
    * to end (ClaimRequest.wait): it then answers COMPLETED with the stored
    * result, or CLAIMED when the holder released or its lease ran out, or
    * IN_PROGRESS when the wait ran out. Null or zero (default): answer at once.
-   * The server caps it (IDEMPOTENCY_MAX_WAIT, 60 s unless configured); the
+   * The server caps it (its IDEMPOTENCY_MAX_WAIT setting); the
    * call's deadline is the timeout plus this wait. A server that predates the
    * field answers at once and leaves {@link ClaimResult#waited()} null.
    */
