@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# The Go client's checks, against real idempotency-service processes
-# (embedded store, free ports, temporary data directories):
+# The Go client's checks, against real idempotency-service processes (free
+# ports, temporary data directories; the embedded store, and fresh
+# PostgreSQL databases made with psql on $IDEMPOTENCY_TEST_POSTGRES, default
+# postgres://postgres@127.0.0.1:5432, dropped afterwards):
 #   1. go vet and go test of the idempotency package (clients/go/idempotency):
-#      the key and fingerprint vectors of clients/testdata/key_vectors.json,
-#      and Claim/Complete/replay, mismatch, in-progress, release on error,
-#      heartbeat and lost leases against a server the tests start;
+#      the key and fingerprint vectors of clients/testdata/key_vectors.json;
+#      Claim/Complete/replay, mismatch, in-progress, release on error,
+#      heartbeat and lost leases (once_test.go); retries and lost answers
+#      (retry_test.go); two PostgreSQL replicas, one stopped during a Once and
+#      a rolling restart under a Once loop (replicas_test.go); checkpoints and
+#      a worker killed after step 2 of 3 (checkpoints_test.go); Once waiting
+#      for a holder, and polling through a relay that hides
+#      ClaimRequest.wait (wait_test.go: needs a server that waits);
 #   2. the example (clients/go/example): Claim, Complete, replay, mismatch
 #      with the generated stub alone.
 #
@@ -13,13 +20,26 @@
 # Debian's protoc-gen-go and protoc-gen-go-grpc as plugins. The generated code
 # goes to a temporary GOPATH and is never committed (lib.sh). Run from anywhere.
 #
-#   IDEMPOTENCY_BIN   the server binary (default: target/release/idempotency-service)
+#   IDEMPOTENCY_BIN            the server binary (default: target/release/idempotency-service)
+#   IDEMPOTENCY_TEST_POSTGRES  where the PostgreSQL tests create their databases
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 go_server_bin
 bin=$IDEMPOTENCY_BIN
 go_install_debs
 go_venv
+
+# The PostgreSQL tests (two replicas, and the shared PostgreSQL server)
+# create their databases with psql.
+postgres=${IDEMPOTENCY_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}
+if ! command -v psql >/dev/null && command -v apt-get >/dev/null; then
+  echo "go: installing postgresql-client (psql) from Debian" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client >/dev/null
+fi
+if ! psql "$postgres/postgres" -qAtc 'select 1' >/dev/null 2>&1; then
+  echo "go: PostgreSQL not reachable at $postgres (start it, or set IDEMPOTENCY_TEST_POSTGRES)" >&2
+  exit 1
+fi
 
 work=$(mktemp -d)
 server_pid=""
@@ -37,7 +57,7 @@ echo "== go: the idempotency package (vet, test)"
 (
   cd "$work/gopath/src/idempotencyservice/idempotency"
   go vet ./...
-  IDEMPOTENCY_KEY_VECTORS="$go_repo/clients/testdata/key_vectors.json" go test -count=1 -timeout 90s ./...
+  IDEMPOTENCY_KEY_VECTORS="$go_repo/clients/testdata/key_vectors.json" go test -count=1 -timeout 300s ./...
 )
 
 echo "== go: the example"

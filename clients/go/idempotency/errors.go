@@ -59,12 +59,22 @@ var byCode = map[codes.Code]error{
 type StatusError struct {
 	// Method is the RPC ("Claim", "Complete", ...).
 	Method string
-	// Status is the gRPC status the server (or the channel) answered.
+	// Status is the gRPC status the server (or the channel) answered, to
+	// the last attempt.
 	Status *status.Status
+	// Attempts is how many attempts were made (1 when the call was not
+	// retried; see RetryPolicy).
+	Attempts int
+	// Target is the address the last attempt went to ("" when unknown).
+	Target string
 }
 
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("idempotency %s: %s: %s", e.Method, e.Status.Code(), e.Status.Message())
+	msg := fmt.Sprintf("idempotency %s: %s: %s", e.Method, e.Status.Code(), e.Status.Message())
+	if e.Attempts > 1 {
+		msg += fmt.Sprintf(" (after %d attempts)", e.Attempts)
+	}
+	return msg
 }
 
 // Code is the gRPC status code.
@@ -86,7 +96,8 @@ func fromRPC(method string, err error) error {
 	if !ok {
 		return err
 	}
-	return &StatusError{Method: method, Status: st}
+	attempts, target := attemptsOf(err)
+	return &StatusError{Method: method, Status: st, Attempts: attempts, Target: target}
 }
 
 // FingerprintMismatch is Once's answer when the key was already seen with
@@ -101,8 +112,8 @@ func (e *FingerprintMismatch) Error() string {
 }
 
 // InProgress is Once's answer when another claimant holds the key's lease
-// (with WaitOnInProgress: still held it when the wait ran out). The work did
-// not run; try again after RetryAfter.
+// (when waiting: still held it when the wait ran out, or when the context's
+// deadline came near). The work did not run; try again after RetryAfter.
 type InProgress struct {
 	Namespace, Key string
 	// RetryAfter is the time that was left on the other claimant's lease.
@@ -111,6 +122,9 @@ type InProgress struct {
 	LeaseExpiresAt time.Time
 	// Waited is how long Once waited before giving up (0 with FailOnInProgress).
 	Waited time.Duration
+	// Polled is true when the server did not wait (one that predates
+	// waiting) and Once claimed again with backoff instead.
+	Polled bool
 }
 
 func (e *InProgress) Error() string {

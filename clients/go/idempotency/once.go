@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"time"
 )
 
@@ -14,62 +13,48 @@ import (
 //
 //   - CLAIMED: runs fn while a heartbeat extends the lease; when fn returns a
 //     result, Completes with it; when fn returns an error (or panics),
-//     Releases the key so the next delivery retries, and returns fn's error.
-//     If the lease is lost meanwhile (the heartbeat's ExtendLease or the
+//     Releases the key so the next delivery retries (with the last
+//     checkpoint fn asked to save), and returns fn's error. If the lease is
+//     lost meanwhile (the heartbeat's ExtendLease, a SaveCheckpoint or the
 //     Complete answers NOT_FOUND or FAILED_PRECONDITION), fn's context is
 //     cancelled, nothing is stored and Once returns a *LeaseLostError
-//     (errors.Is(err, ErrLeaseLost)).
+//     (errors.Is(err, ErrLeaseLost)). fn's Lease carries the checkpoint an
+//     earlier holder saved (lease.Checkpoint()) and saves its own
+//     (lease.SaveCheckpoint).
 //   - COMPLETED: the replay; returns the stored result without running fn.
 //   - FINGERPRINT_MISMATCH: returns a *FingerprintMismatch.
-//   - IN_PROGRESS: by default waits (claims again with backoff) for up to
-//     30 s, then returns an *InProgress; with FailOnInProgress returns it at once.
+//   - IN_PROGRESS: by default waits for the holder, for up to 30 s
+//     (WaitOnInProgress) and never past ctx's deadline: the Claim asks the
+//     server to wait (ClaimOptions.Wait) and is answered when the holder
+//     completes (the stored result) or gives the key up (the lease, and fn
+//     runs here); against a server that predates waiting, it claims again
+//     with backoff instead. When the wait runs out, an *InProgress. With
+//     FailOnInProgress, the *InProgress at once.
 //
-// Calls that fail return a *StatusError (errors.Is(err, ErrUnavailable), ...).
+// Calls that fail (after the client's retries) return a *StatusError
+// (errors.Is(err, ErrUnavailable), ...).
 func (c *Client) Once(ctx context.Context, namespace, key string, fn func(ctx context.Context, lease Lease) ([]byte, error), opts ...Option) (*Result, error) {
 	cfg := onceConfig{waitTimeout: DefaultWaitTimeout, heartbeat: true, wait: true}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	start := time.Now()
-	deadline := start.Add(cfg.waitTimeout)
-	for attempt := 0; ; attempt++ {
-		claim, err := c.Claim(ctx, namespace, key, ClaimOptions{
-			Fingerprint: cfg.fingerprint, LeaseTTL: cfg.leaseTTL, Retention: cfg.retention,
-		})
+	claim, err := c.claimOrWait(ctx, namespace, key, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	switch claim.Outcome {
+	case OutcomeClaimed:
+		value, err := c.runClaimed(ctx, namespace, key, claim, fn, &cfg)
 		if err != nil {
 			return nil, err
 		}
-		switch claim.Outcome {
-		case OutcomeClaimed:
-			value, err := c.runClaimed(ctx, namespace, key, claim, fn, &cfg)
-			if err != nil {
-				return nil, err
-			}
-			return &Result{Value: value, Replayed: false, Claim: claim}, nil
-		case OutcomeCompleted:
-			return &Result{Value: claim.Response, Replayed: true, Claim: claim}, nil
-		case OutcomeFingerprintMismatch:
-			return nil, &FingerprintMismatch{Namespace: namespace, Key: key}
-		case OutcomeInProgress:
-			remaining := time.Until(deadline)
-			if !cfg.wait || remaining <= 0 {
-				e := &InProgress{Namespace: namespace, Key: key, RetryAfter: claim.RetryAfter, LeaseExpiresAt: claim.LeaseExpiresAt}
-				if cfg.wait {
-					e.Waited = time.Since(start)
-				}
-				return nil, e
-			}
-			timer := time.NewTimer(nextPause(attempt, claim.RetryAfter, remaining))
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return nil, ctx.Err()
-			case <-timer.C:
-			}
-		default:
-			return nil, fmt.Errorf("idempotency: %s/%s: Claim answered an unknown outcome %s", namespace, key, claim.Outcome)
-		}
+		return &Result{Value: value, Replayed: false, Claim: claim}, nil
+	case OutcomeCompleted:
+		return &Result{Value: claim.Response, Replayed: true, Claim: claim}, nil
+	case OutcomeFingerprintMismatch:
+		return nil, &FingerprintMismatch{Namespace: namespace, Key: key}
 	}
+	return nil, fmt.Errorf("idempotency: %s/%s: Claim answered an unknown outcome %s", namespace, key, claim.Outcome)
 }
 
 // DefaultWaitTimeout is how long Once waits on another claimant by default.
@@ -79,17 +64,63 @@ const DefaultWaitTimeout = 30 * time.Second
 // heartbeat when the caller sets no lease.
 const serverDefaultLease = 30 * time.Second
 
-// firstWait is the first pause while waiting on another claimant; it doubles.
-const firstWait = 100 * time.Millisecond
+// firstPoll is the first pause while polling another claimant; it doubles.
+const firstPoll = 100 * time.Millisecond
 
-// Lease is what fn receives when this attempt holds the lease.
-type Lease struct {
-	Token string
-	// FencingToken increases with every Claim that wins the key: hand it to
-	// downstream writes so they can reject an older lease holder.
-	FencingToken uint64
-	// ExpiresAt is when the lease ran out at the Claim (the heartbeat moves it).
-	ExpiresAt time.Time
+// deadlineMargin: a wait ends this long before ctx's deadline, so that Once
+// answers *InProgress rather than running into the deadline.
+const deadlineMargin = 100 * time.Millisecond
+
+// claimOrWait claims the key and, meeting another holder, waits (unless
+// told not to) until the answer is no longer IN_PROGRESS or the wait runs
+// out. The answer is CLAIMED, COMPLETED or FINGERPRINT_MISMATCH.
+func (c *Client) claimOrWait(ctx context.Context, namespace, key string, cfg *onceConfig) (*ClaimResult, error) {
+	start := time.Now()
+	end := start.Add(cfg.waitTimeout)
+	if deadline, ok := ctx.Deadline(); ok && deadline.Add(-deadlineMargin).Before(end) {
+		end = deadline.Add(-deadlineMargin)
+	}
+	polled := false
+	for polls := 0; ; {
+		var wait time.Duration
+		if cfg.wait {
+			wait = maxDuration(time.Until(end), 0)
+		}
+		claim, err := c.Claim(ctx, namespace, key, ClaimOptions{
+			Fingerprint: cfg.fingerprint, LeaseTTL: cfg.leaseTTL, Retention: cfg.retention, Wait: wait,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if claim.Outcome != OutcomeInProgress {
+			return claim, nil
+		}
+		remaining := time.Until(end)
+		if !cfg.wait || remaining <= 0 {
+			e := &InProgress{Namespace: namespace, Key: key, RetryAfter: claim.RetryAfter, LeaseExpiresAt: claim.LeaseExpiresAt, Polled: polled}
+			if cfg.wait {
+				e.Waited = time.Since(start)
+			}
+			return nil, e
+		}
+		if wait > 0 && claim.WaitHonored && claim.Waited > 0 {
+			// The server waited, and the key is held still (by a new holder,
+			// or its maximum wait cut ours short): wait again.
+			continue
+		}
+		// The server did not wait: it predates waiting (WaitHonored false),
+		// or its limit of waiters was reached (Waited 0). Claim again after
+		// a pause, as before there was waiting.
+		polled = polled || !claim.WaitHonored
+		timer := time.NewTimer(nextPause(polls, claim.RetryAfter, remaining))
+		polls++
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		case <-timer.C:
+		}
+	}
 }
 
 // Result is what Once returns.
@@ -98,7 +129,8 @@ type Result struct {
 	Value []byte
 	// Replayed is true when the work was done before and Value is the stored result.
 	Replayed bool
-	// Claim is the Claim that won the lease, or the one that found the stored result.
+	// Claim is the Claim that won the lease, or the one that found the stored
+	// result (Claim.WaitHonored and Claim.Waited tell whether the server waited).
 	Claim *ClaimResult
 }
 
@@ -134,22 +166,24 @@ func WithHeartbeatInterval(d time.Duration) Option {
 // WithoutHeartbeat does not extend the lease: fn must finish within it.
 func WithoutHeartbeat() Option { return func(c *onceConfig) { c.heartbeat = false } }
 
-// WaitOnInProgress: when another claimant holds the lease, claim again with
-// backoff for up to timeout, then return an *InProgress (the default, with
-// DefaultWaitTimeout).
+// WaitOnInProgress: when another claimant holds the lease, wait for it for
+// up to timeout (and never past ctx's deadline), then return an *InProgress
+// (the default, with DefaultWaitTimeout). The server does the waiting
+// (ClaimOptions.Wait); one that predates waiting is polled with backoff.
 func WaitOnInProgress(timeout time.Duration) Option {
 	return func(c *onceConfig) { c.wait = true; c.waitTimeout = timeout }
 }
 
 // FailOnInProgress: when another claimant holds the lease, return an
-// *InProgress at once (a broker consumer then requeues the message).
+// *InProgress at once (a broker consumer then requeues the message, and its
+// prefetch is not held up by a waiting handler).
 func FailOnInProgress() Option { return func(c *onceConfig) { c.wait = false } }
 
-// nextPause is how long to wait before claiming again: exponential from
-// 100 ms, so an early Complete is seen soon, but never past the other lease's
-// expiry (retryAfter) nor the time left to wait.
+// nextPause is how long to wait before claiming again when polling:
+// exponential from 100 ms, so an early Complete is seen soon, but never past
+// the other lease's expiry (retryAfter) nor the time left to wait.
 func nextPause(attempt int, retryAfter, remaining time.Duration) time.Duration {
-	pause := firstWait
+	pause := firstPoll
 	for i := 0; i < attempt && pause < time.Hour; i++ {
 		pause *= 2
 	}
@@ -172,7 +206,11 @@ func maxDuration(a, b time.Duration) time.Duration {
 func (c *Client) runClaimed(ctx context.Context, namespace, key string, claim *ClaimResult, fn func(context.Context, Lease) ([]byte, error), cfg *onceConfig) (value []byte, err error) {
 	workCtx, cancelWork := context.WithCancel(ctx)
 	defer cancelWork()
-	hb := c.startHeartbeat(ctx, namespace, key, claim.LeaseToken, cfg, cancelWork)
+	held := &heldLease{
+		client: c, namespace: namespace, key: key, token: claim.LeaseToken, leaseTTL: cfg.leaseTTL,
+		cancelWork: cancelWork, checkpoint: claim.Checkpoint, checkpointFencingToken: claim.CheckpointFencingToken,
+	}
+	hb := c.startHeartbeat(ctx, held, cfg)
 
 	finished := false
 	defer func() {
@@ -181,19 +219,19 @@ func (c *Client) runClaimed(ctx context.Context, namespace, key string, claim *C
 		}
 		// fn panicked: give the key back, then let the panic go on.
 		hb.stop()
-		if hb.lostErr() == nil {
-			c.releaseAfterFailure(namespace, key, claim.LeaseToken)
+		if held.lostErr() == nil {
+			c.releaseAfterFailure(held)
 		}
 	}()
-	value, err = fn(workCtx, Lease{Token: claim.LeaseToken, FencingToken: claim.FencingToken, ExpiresAt: claim.LeaseExpiresAt})
+	value, err = fn(workCtx, Lease{Token: claim.LeaseToken, FencingToken: claim.FencingToken, ExpiresAt: claim.LeaseExpiresAt, held: held})
 	finished = true
 	hb.stop()
-	if lost := hb.lostErr(); lost != nil {
+	if lost := held.lostErr(); lost != nil {
 		return nil, &LeaseLostError{Namespace: namespace, Key: key, When: "while the work ran", Cause: lost}
 	}
 	if err != nil {
 		// Give the key back so the next delivery retries; never hide the failure.
-		c.releaseAfterFailure(namespace, key, claim.LeaseToken)
+		c.releaseAfterFailure(held)
 		return nil, err
 	}
 	if value == nil {
@@ -218,10 +256,13 @@ func (c *Client) finalTimeout() time.Duration {
 	return DefaultCallTimeout
 }
 
-func (c *Client) releaseAfterFailure(namespace, key, token string) {
+// releaseAfterFailure gives the key back with the last checkpoint the work
+// asked to save (also one whose ExtendLease failed), so the next holder
+// resumes from there.
+func (c *Client) releaseAfterFailure(held *heldLease) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.finalTimeout())
 	defer cancel()
-	if err := c.Release(ctx, namespace, key, token); err != nil {
+	if err := c.ReleaseWithCheckpoint(ctx, held.namespace, held.key, held.token, held.lastAskedCheckpoint()); err != nil {
 		c.logf("idempotency Once: Release after a failed attempt failed: %v", err)
 	}
 }
@@ -230,84 +271,6 @@ func (c *Client) logf(format string, args ...any) {
 	if c.Logf != nil {
 		c.Logf(format, args...)
 	}
-}
-
-type heartbeat struct {
-	quit chan struct{}
-	done chan struct{}
-	once sync.Once
-	mu   sync.Mutex
-	lost error
-}
-
-func (c *Client) startHeartbeat(ctx context.Context, namespace, key, token string, cfg *onceConfig, cancelWork context.CancelFunc) *heartbeat {
-	hb := &heartbeat{quit: make(chan struct{}), done: make(chan struct{})}
-	if !cfg.heartbeat {
-		close(hb.done)
-		return hb
-	}
-	interval := cfg.heartbeatInterval
-	if interval <= 0 {
-		lease := cfg.leaseTTL
-		if lease <= 0 {
-			lease = serverDefaultLease
-		}
-		interval = lease / 3
-	}
-	callCtx, cancelCalls := context.WithCancel(ctx)
-	go func() {
-		defer close(hb.done)
-		defer cancelCalls()
-		ticker := time.NewTicker(interval)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-hb.quit:
-				return
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-			}
-			_, err := c.ExtendLease(callCtx, namespace, key, token, cfg.leaseTTL)
-			if err == nil {
-				continue
-			}
-			if leaseGone(err) {
-				hb.mu.Lock()
-				hb.lost = err
-				hb.mu.Unlock()
-				cancelWork()
-				return
-			}
-			select {
-			case <-hb.quit:
-				return // stopped while the call was in flight
-			default:
-			}
-			// Transient: the lease may well still be ours, and the final Complete tells for sure.
-			c.logf("idempotency heartbeat: ExtendLease failed: %v", err)
-		}
-	}()
-	// Stopping cancels a call in flight.
-	go func() {
-		select {
-		case <-hb.quit:
-			cancelCalls()
-		case <-hb.done:
-		}
-	}()
-	return hb
-}
-
-func (hb *heartbeat) stop() {
-	hb.once.Do(func() { close(hb.quit) })
-	<-hb.done
-}
-
-func (hb *heartbeat) lostErr() error {
-	hb.mu.Lock()
-	defer hb.mu.Unlock()
-	return hb.lost
 }
 
 // OnceJSON is Once for a result that is stored as JSON (compact UTF-8, as

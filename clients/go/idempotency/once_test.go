@@ -1,16 +1,13 @@
 package idempotency_test
 
-// Against a real idempotency-service (embedded store in a temporary
-// directory), started once for the package's tests by idempotencytest.
+// Once and the calls against a real idempotency-service (embedded store in
+// a temporary directory), started once for the package's tests
+// (main_test.go).
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,57 +19,6 @@ import (
 	"idempotencyservice/idempotency"
 	"idempotencyservice/idempotency/idempotencytest"
 )
-
-var (
-	shared     *idempotencytest.Server
-	sharedErr  error
-	sharedOnce sync.Once
-	sharedDir  string
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if shared != nil {
-		shared.Stop()
-	}
-	if sharedDir != "" {
-		os.RemoveAll(sharedDir)
-	}
-	os.Exit(code)
-}
-
-// client is a client of the package's server, started on first use.
-func client(t *testing.T) *idempotency.Client {
-	t.Helper()
-	bin := idempotencytest.Binary()
-	if bin == "" {
-		t.Fatal("idempotency-service binary not found: build it or set IDEMPOTENCY_BIN")
-	}
-	sharedOnce.Do(func() {
-		sharedDir, sharedErr = os.MkdirTemp("", "idempotency-go-test-")
-		if sharedErr == nil {
-			shared, sharedErr = idempotencytest.StartProcess(bin, sharedDir)
-		}
-	})
-	if sharedErr != nil {
-		t.Fatal(sharedErr)
-	}
-	return shared.Client(t)
-}
-
-func namespace(t *testing.T) string {
-	b := make([]byte, 6)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return "go-test-" + hex.EncodeToString(b)
-}
-
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
 
 func TestClaimCompleteReplayWithTheCalls(t *testing.T) {
 	c, ns, ctx := client(t), namespace(t), ctx(t)
