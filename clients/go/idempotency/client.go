@@ -236,8 +236,9 @@ type ClaimOptions struct {
 	// waiting for whoever took it); the wait runs out, and it answers
 	// OutcomeInProgress. The server shortens it to its maximum (60 s unless
 	// configured) and to the call's deadline; a context without a deadline
-	// gets CallTimeout plus Wait. A server that predates waiting answers at
-	// once: WaitHonored is then false.
+	// gets CallTimeout plus Wait, and RetryPolicy.PerAttemptTimeout gives a
+	// waiting Claim's attempts at least Wait and 0.5 s more. A server that
+	// predates waiting answers at once: WaitHonored is then false.
 	Wait time.Duration
 }
 

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
+
+	pb "idempotencyservice/gen/idempotencyv1"
 )
 
 // Addresses and connections: one grpc.ClientConn per address given, each
@@ -117,8 +119,8 @@ func (c *conns) Invoke(ctx context.Context, method string, args, reply interface
 	for attempt := 0; ; attempt++ {
 		e := c.pick(first, attempt)
 		attemptCtx, cancelAttempt := ctx, context.CancelFunc(func() {})
-		if policy.PerAttemptTimeout > 0 {
-			attemptCtx, cancelAttempt = context.WithTimeout(ctx, policy.PerAttemptTimeout)
+		if timeout := perAttemptTimeout(policy, args); timeout > 0 {
+			attemptCtx, cancelAttempt = context.WithTimeout(ctx, timeout)
 		}
 		err := e.cc.Invoke(attemptCtx, method, args, reply, opts...)
 		cancelAttempt()
@@ -142,6 +144,23 @@ func (c *conns) Invoke(ctx context.Context, method string, args, reply interface
 		}
 	}
 }
+
+// perAttemptTimeout is the policy's bound on one attempt (0: none). It
+// does not cut a Claim's wait short: a waiting Claim's attempts get at
+// least the wait and waitAnswerMargin more (within the call's deadline).
+func perAttemptTimeout(policy RetryPolicy, args interface{}) time.Duration {
+	timeout := policy.PerAttemptTimeout
+	if claim, ok := args.(*pb.ClaimRequest); ok && timeout > 0 && claim.GetWait() != nil {
+		if least := claim.GetWait().AsDuration() + waitAnswerMargin; timeout < least {
+			timeout = least
+		}
+	}
+	return timeout
+}
+
+// waitAnswerMargin is the time a waiting Claim's answer is given to arrive
+// after its wait ends.
+const waitAnswerMargin = 500 * time.Millisecond
 
 // pauseAfter is the pause before the next attempt, and whether there is one:
 // not when the caller's context ended, the status is final, no attempt is

@@ -122,8 +122,9 @@ type InProgress struct {
 	LeaseExpiresAt time.Time
 	// Waited is how long Once waited before giving up (0 with FailOnInProgress).
 	Waited time.Duration
-	// Polled is true when the server did not wait (one that predates
-	// waiting) and Once claimed again with backoff instead.
+	// Polled is true when Once claimed again with backoff because the
+	// server did not wait (one that predates waiting), or was not asked to
+	// (PollOnInProgress).
 	Polled bool
 }
 

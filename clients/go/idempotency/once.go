@@ -83,7 +83,7 @@ func (c *Client) claimOrWait(ctx context.Context, namespace, key string, cfg *on
 	polled := false
 	for polls := 0; ; {
 		var wait time.Duration
-		if cfg.wait {
+		if cfg.wait && !cfg.poll {
 			wait = maxDuration(time.Until(end), 0)
 		}
 		claim, err := c.Claim(ctx, namespace, key, ClaimOptions{
@@ -109,8 +109,8 @@ func (c *Client) claimOrWait(ctx context.Context, namespace, key string, cfg *on
 			continue
 		}
 		// The server did not wait: it predates waiting (WaitHonored false),
-		// or its limit of waiters was reached (Waited 0). Claim again after
-		// a pause, as before there was waiting.
+		// its limit of waiters was reached (Waited 0), or it was not asked
+		// (PollOnInProgress). Claim again after a pause.
 		polled = polled || !claim.WaitHonored
 		timer := time.NewTimer(nextPause(polls, claim.RetryAfter, remaining))
 		polls++
@@ -143,7 +143,8 @@ type onceConfig struct {
 	retention         time.Duration
 	heartbeat         bool
 	heartbeatInterval time.Duration
-	wait              bool
+	wait              bool // false: fail on in progress
+	poll              bool // wait by claiming again with backoff, not on the server
 	waitTimeout       time.Duration
 }
 
@@ -171,13 +172,21 @@ func WithoutHeartbeat() Option { return func(c *onceConfig) { c.heartbeat = fals
 // (the default, with DefaultWaitTimeout). The server does the waiting
 // (ClaimOptions.Wait); one that predates waiting is polled with backoff.
 func WaitOnInProgress(timeout time.Duration) Option {
-	return func(c *onceConfig) { c.wait = true; c.waitTimeout = timeout }
+	return func(c *onceConfig) { c.wait, c.poll, c.waitTimeout = true, false, timeout }
+}
+
+// PollOnInProgress: when another claimant holds the lease, claim again with
+// backoff (100 ms doubling, never past the holder's RetryAfter) for up to
+// timeout, without asking the server to wait, then return an *InProgress
+// (what Once did before servers could wait).
+func PollOnInProgress(timeout time.Duration) Option {
+	return func(c *onceConfig) { c.wait, c.poll, c.waitTimeout = true, true, timeout }
 }
 
 // FailOnInProgress: when another claimant holds the lease, return an
 // *InProgress at once (a broker consumer then requeues the message, and its
 // prefetch is not held up by a waiting handler).
-func FailOnInProgress() Option { return func(c *onceConfig) { c.wait = false } }
+func FailOnInProgress() Option { return func(c *onceConfig) { c.wait, c.poll = false, false } }
 
 // nextPause is how long to wait before claiming again when polling:
 // exponential from 100 ms, so an early Complete is seen soon, but never past

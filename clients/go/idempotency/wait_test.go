@@ -337,3 +337,58 @@ func TestAWaitEndsBeforeTheContextsDeadlineWithInProgress(t *testing.T) {
 		})
 	}
 }
+
+func TestPollOnInProgressClaimsAgainWithoutAskingToWait(t *testing.T) {
+	rec := newRecorder()
+	c, ns, ctx := dial(t, []string{sqlite(t).Target}, rec), namespace(t), ctx(t)
+	held, err := c.Claim(ctx, ns, "k", idempotency.ClaimOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *idempotency.Result, 1)
+	failed := make(chan error, 1)
+	go func() {
+		r, err := c.Once(ctx, ns, "k", never, idempotency.PollOnInProgress(20*time.Second))
+		if err != nil {
+			failed <- err
+			return
+		}
+		done <- r
+	}()
+	until(t, 10*time.Second, "the poller to claim twice", func() bool {
+		return rec.count("Claim") >= 3 // the holder's, and two of the poller's
+	})
+	if _, err := c.Complete(ctx, ns, "k", held.LeaseToken, []byte("by the holder"), 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if !r.Replayed || string(r.Value) != "by the holder" || r.Claim.WaitHonored {
+			t.Fatalf("%+v (claim %+v)", r, r.Claim)
+		}
+	case err := <-failed:
+		t.Fatal(err)
+	case <-ctx.Done():
+		t.Fatal("Once did not return")
+	}
+	claimsSent(t, rec, false)
+}
+
+func TestThePerAttemptTimeoutDoesNotCutAWaitShort(t *testing.T) {
+	rec := newRecorder()
+	c, ns, ctx := dial(t, []string{sqlite(t).Target}, rec), namespace(t), ctx(t)
+	requireWaiting(t, c)
+	c.Retry.PerAttemptTimeout = 200 * time.Millisecond
+	if _, err := c.Claim(ctx, ns, "k", idempotency.ClaimOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sent := rec.count("Claim")
+	r, err := c.Claim(ctx, ns, "k", idempotency.ClaimOptions{Wait: time.Second})
+	if err != nil || r.Outcome != idempotency.OutcomeInProgress || !r.WaitHonored {
+		t.Fatalf("%+v %v", r, err)
+	}
+	// The server reports how long it waited: the whole second, not the 200 ms of an attempt.
+	if r.Waited < 500*time.Millisecond || rec.count("Claim") != sent+1 {
+		t.Fatalf("waited %s in %d attempts, want the whole wait in one", r.Waited, rec.count("Claim")-sent)
+	}
+}
