@@ -194,6 +194,18 @@ pub struct Config {
     #[arg(long, env = "IDEMPOTENCY_MAX_CHECKPOINT_BYTES", default_value_t = 64 * 1024)]
     pub max_checkpoint_bytes: usize,
 
+    /// The longest a Claim waits for another holder's lease to end
+    /// (ClaimRequest.wait is shortened to it, and to the call's deadline).
+    #[arg(long, env = "IDEMPOTENCY_MAX_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub max_wait: Duration,
+
+    /// The most Claims that wait at once on this replica; past it a Claim
+    /// that asks to wait answers OUTCOME_IN_PROGRESS at once. Each waiting
+    /// call also holds one of IDEMPOTENCY_MAX_CONCURRENT_CALLS, so this must
+    /// be below it.
+    #[arg(long, env = "IDEMPOTENCY_MAX_WAITERS", default_value_t = 512)]
+    pub max_waiters: usize,
+
     /// How often the reaper deletes expired records. Expired records are absent
     /// to every call at once; the reaper only reclaims their space.
     #[arg(long, env = "IDEMPOTENCY_REAPER_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
@@ -303,6 +315,8 @@ impl Config {
             max_retention: self.max_retention,
             max_response_bytes: self.max_response_bytes,
             max_checkpoint_bytes: self.max_checkpoint_bytes,
+            max_wait: self.max_wait,
+            max_waiters: self.max_waiters,
         }
     }
 
@@ -441,6 +455,10 @@ impl Config {
             (
                 self.max_streams_per_connection > 0,
                 "IDEMPOTENCY_MAX_STREAMS_PER_CONNECTION must be positive",
+            ),
+            (
+                self.max_waiters < self.max_concurrent_calls,
+                "IDEMPOTENCY_MAX_WAITERS must be below IDEMPOTENCY_MAX_CONCURRENT_CALLS (each waiting Claim is a call in flight)",
             ),
             (
                 !self.call_timeout.is_zero(),

@@ -190,7 +190,15 @@ pub struct Limits {
     pub max_retention: Duration,
     pub max_response_bytes: usize,
     pub max_checkpoint_bytes: usize,
+    /// The longest a Claim waits for another holder (`wait` is shortened to
+    /// it).
+    pub max_wait: Duration,
+    /// The most Claims that wait at once in this process.
+    pub max_waiters: usize,
 }
+
+/// The longest `wait` a Claim may ask for; anything above is a mistake.
+pub const MAX_REQUESTED_WAIT: Duration = Duration::from_secs(3600);
 
 impl Default for Limits {
     fn default() -> Self {
@@ -201,11 +209,25 @@ impl Default for Limits {
             max_retention: Duration::from_secs(30 * 24 * 3600),
             max_response_bytes: 1024 * 1024,
             max_checkpoint_bytes: 64 * 1024,
+            max_wait: Duration::from_secs(30),
+            max_waiters: 512,
         }
     }
 }
 
 impl Limits {
+    /// How long a Claim may wait: zero when unset; at most an hour (else
+    /// INVALID_ARGUMENT naming `wait`), shortened to the server's maximum.
+    pub fn wait(&self, requested: Option<Duration>) -> Result<Duration, Error> {
+        match requested {
+            None => Ok(Duration::ZERO),
+            Some(wait) if wait > MAX_REQUESTED_WAIT => {
+                Err(Error::invalid("wait", "must be at most 1 hour"))
+            }
+            Some(wait) => Ok(wait.min(self.max_wait)),
+        }
+    }
+
     /// A lease length: the default when unset, else within 1 s..=max.
     pub fn lease_ttl(&self, requested: Option<Duration>) -> Result<Duration, Error> {
         bounded("lease_ttl", requested, self.max_lease_ttl)

@@ -15,6 +15,8 @@
 //!   certificate names, namespaces, RPCs and rate limits.
 //! - [`lifecycle`]: the rules of Claim, Complete, Release, ExtendLease and Get,
 //!   built from the store's atomic operations. No tonic, no SQL.
+//! - [`waiters`]: Claims that wait for another holder: the registry of this
+//!   process's waiters and what wakes them (its own calls, the purge feed).
 //! - [`domain`]: validated newtypes (namespace, key, fingerprint, lease token,
 //!   limits) and outcome enums.
 //! - [`error`]: the one error type, each variant naming its gRPC code.
@@ -49,3 +51,4 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod waiters;

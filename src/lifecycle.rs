@@ -20,7 +20,10 @@ use crate::domain::{
     RecordState, Snapshot,
 };
 use crate::error::Error;
+use crate::metrics;
 use crate::store::{FirstClaim, Store};
+use crate::waiters::{POLL_EVERY, Waiters, Waiting};
+use tokio::time::Instant;
 
 /// How many read-then-guarded-write rounds a Claim makes before it gives up
 /// with ABORTED. Each lost round means the key changed in between (claimed,
@@ -43,12 +46,25 @@ pub struct ClaimRequest {
 /// A validated Complete.
 pub use crate::domain::Completion as CompleteRequest;
 
-/// The lifecycle over one store, with the server's limits.
+/// The lifecycle over one store, with the server's limits and this
+/// process's waiting Claims.
 #[derive(Clone)]
 pub struct Lifecycle<S> {
     store: S,
     limits: Limits,
+    waiters: Waiters,
 }
+
+/// What a Claim that asked to wait answers, and how long it waited.
+#[derive(Debug)]
+pub struct Waited {
+    pub outcome: ClaimOutcome,
+    pub waited: Duration,
+}
+
+/// How long after the database's `lease_expires_at` a waiter reads the key
+/// again: enough for the database's clock to have passed it.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
 
 /// What a Claim should do after reading the key.
 enum Verdict {
@@ -62,7 +78,35 @@ enum Verdict {
 
 impl<S: Store> Lifecycle<S> {
     pub fn new(store: S, limits: Limits) -> Self {
-        Self { store, limits }
+        let waiters = Waiters::new(limits.max_waiters);
+        Self {
+            store,
+            limits,
+            waiters,
+        }
+    }
+
+    /// The server's limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// This process's waiting Claims (the server feeds them the store's
+    /// purge feed and ends them at shutdown).
+    pub fn waiters(&self) -> &Waiters {
+        &self.waiters
+    }
+
+    /// The store's new lease for a Claim, with the limits applied.
+    fn new_lease(&self, request: ClaimRequest) -> Result<NewLease, Error> {
+        Ok(NewLease {
+            lease_ttl: self.limits.lease_ttl(request.lease_ttl)?,
+            retention: self.limits.claim_retention(request.retention)?,
+            namespace: request.namespace,
+            key: request.key,
+            fingerprint: request.fingerprint,
+            lease_token: request.lease_token.unwrap_or_else(LeaseToken::generate),
+        })
     }
 
     /// Claim: insert the key if it has no record, else read it (one step),
@@ -70,16 +114,139 @@ impl<S: Store> Lifecycle<S> {
     /// mismatch), else try the guarded claim. A lost race is read again, so
     /// the loser learns who won.
     pub async fn claim(&self, request: ClaimRequest) -> Result<ClaimOutcome, Error> {
-        let lease_ttl = self.limits.lease_ttl(request.lease_ttl)?;
-        let retention = self.limits.claim_retention(request.retention)?;
-        let new_lease = NewLease {
-            namespace: request.namespace,
-            key: request.key,
-            fingerprint: request.fingerprint,
-            lease_token: request.lease_token.unwrap_or_else(LeaseToken::generate),
-            lease_ttl,
-            retention,
+        let new_lease = self.new_lease(request)?;
+        self.claim_lease(&new_lease).await
+    }
+
+    /// A Claim that may wait up to `wait` (already within the server's
+    /// maximum and the call's deadline) for another holder's live lease to
+    /// end. It answers as a Claim would, except that OUTCOME_IN_PROGRESS
+    /// becomes: the stored result once the holder completes (a mismatch when
+    /// the fingerprints differ), the lease once the holder released, its
+    /// lease ran out or the key was purged and this Claim won the guarded
+    /// claim, or OUTCOME_IN_PROGRESS when the wait ran out, the server is
+    /// shutting down, or too many Claims wait already (then at once).
+    pub async fn claim_waiting(
+        &self,
+        request: ClaimRequest,
+        wait: Duration,
+    ) -> Result<Waited, Error> {
+        let new_lease = self.new_lease(request)?;
+        let outcome = self.claim_lease(&new_lease).await?;
+        if wait.is_zero() || !matches!(outcome, ClaimOutcome::InProgress { .. }) {
+            return Ok(Waited {
+                outcome,
+                waited: Duration::ZERO,
+            });
+        }
+        let Some(waiting) = self.waiters.join(&new_lease.namespace, &new_lease.key) else {
+            metrics::record_wait("over_cap", Duration::ZERO);
+            return Ok(Waited {
+                outcome,
+                waited: Duration::ZERO,
+            });
         };
+        let started = Instant::now();
+        let deadline = started + wait;
+        let outcome = self.wait_on(&waiting, &new_lease, deadline).await;
+        let waited = started.elapsed();
+        let name = match &outcome {
+            Ok(ClaimOutcome::Completed { .. }) => "completed",
+            Ok(ClaimOutcome::Claimed { .. }) => "claimed",
+            Ok(ClaimOutcome::FingerprintMismatch) => "fingerprint_mismatch",
+            Ok(ClaimOutcome::InProgress { .. }) if self.waiters.is_stopping() => "shutdown",
+            Ok(ClaimOutcome::InProgress { .. }) => "timed_out",
+            Err(_) => "error",
+        };
+        metrics::record_wait(name, waited);
+        Ok(Waited {
+            outcome: outcome?,
+            waited,
+        })
+    }
+
+    /// The waiting itself: read the key (shared with this process's other
+    /// waiters on it), answer when the read decides, take a turn at the
+    /// guarded claim when the key is free, else sleep until woken, until the
+    /// holder's lease runs out, until the next poll when changes may go
+    /// unannounced, or until the deadline.
+    async fn wait_on(
+        &self,
+        waiting: &Waiting,
+        lease: &NewLease,
+        deadline: Instant,
+    ) -> Result<ClaimOutcome, Error> {
+        let slot = &waiting.slot;
+        let mut not_before = Instant::now();
+        let mut cause = "joined";
+        loop {
+            let woken = slot.woken();
+            let (read_at, snapshot) = slot
+                .read(not_before, || {
+                    metrics::record_wait_read(cause);
+                    self.store.watch(&lease.namespace, &lease.key)
+                })
+                .await?;
+            let now = snapshot.now;
+            match judge(snapshot, lease) {
+                Verdict::Answer(ClaimOutcome::InProgress {
+                    lease_expires_at,
+                    expires_at,
+                    ..
+                }) => {
+                    let left = lease_expires_at.duration_since(now).unwrap_or_default();
+                    let expiry = read_at + left + EXPIRY_MARGIN;
+                    let poll = self
+                        .waiters
+                        .must_poll(self.store.announces())
+                        .then(|| read_at + POLL_EVERY);
+                    let wake_at = poll.map_or(expiry, |poll| poll.min(expiry));
+                    tokio::select! {
+                        () = self.waiters.stopping() => {
+                            return Ok(still_in_progress(lease_expires_at, now, read_at, expires_at));
+                        }
+                        () = tokio::time::sleep_until(deadline) => {
+                            return Ok(still_in_progress(lease_expires_at, now, read_at, expires_at));
+                        }
+                        () = woken => {
+                            not_before = slot.woken_at();
+                            cause = "woken";
+                        }
+                        () = tokio::time::sleep_until(wake_at) => {
+                            not_before = wake_at;
+                            cause = if wake_at < expiry { "poll" } else { "lease_expired" };
+                        }
+                    }
+                }
+                Verdict::Answer(outcome) => return Ok(outcome),
+                Verdict::TryClaim { takeover } => {
+                    let turn = slot.turn().await;
+                    // Another waiter here took its turn meanwhile: read again.
+                    if slot.woken_at() > read_at {
+                        not_before = slot.woken_at();
+                        cause = "woken";
+                        continue;
+                    }
+                    let won = self.store.try_claim(lease).await;
+                    slot.changed();
+                    drop(turn);
+                    if let Some(lease) = won? {
+                        return Ok(ClaimOutcome::Claimed {
+                            lease,
+                            took_over: takeover,
+                            retried: false,
+                        });
+                    }
+                    not_before = slot.woken_at();
+                    cause = "lost";
+                }
+            }
+        }
+    }
+
+    /// The Claim's own steps, for a lease already made.
+    async fn claim_lease(&self, new_lease: &NewLease) -> Result<ClaimOutcome, Error> {
+        let new_lease = new_lease.clone();
         let mut first = Some(self.store.claim_or_fetch(&new_lease).await?);
         for _ in 0..CLAIM_ROUNDS {
             let snapshot = match first.take() {
@@ -129,6 +296,7 @@ impl<S: Store> Lifecycle<S> {
             )
             .await?
         {
+            self.waiters.wake(&request.namespace, &request.key);
             return Ok(expires_at);
         }
         let snapshot = self.store.fetch(&request.namespace, &request.key).await?;
@@ -272,6 +440,11 @@ impl<S: Store> Lifecycle<S> {
             .map(|(i, r)| self.validate_completion(r).map_err(|e| e.at_item(i)))
             .collect::<Result<Vec<_>, _>>()?;
         let done = self.store.complete_many(&requests).await?;
+        for (request, done) in requests.iter().zip(&done) {
+            if done.is_some() {
+                self.waiters.wake(&request.namespace, &request.key);
+            }
+        }
         let missed: Vec<usize> = (0..requests.len()).filter(|&i| done[i].is_none()).collect();
         let keys: Vec<(Namespace, Key)> = missed
             .iter()
@@ -312,6 +485,7 @@ impl<S: Store> Lifecycle<S> {
             .release(&namespace, &key, &token, checkpoint.as_deref())
             .await?
         {
+            self.waiters.wake(&namespace, &key);
             return Ok(());
         }
         let record = self.live_record(&namespace, &key).await?;
@@ -360,7 +534,11 @@ impl<S: Store> Lifecycle<S> {
         namespace: Namespace,
         key: Key,
     ) -> Result<Option<RecordState>, Error> {
-        self.store.purge(&namespace, &key).await
+        let purged = self.store.purge(&namespace, &key).await?;
+        if purged.is_some() {
+            self.waiters.wake(&namespace, &key);
+        }
+        Ok(purged)
     }
 
     /// Get: the record if it is unexpired, else `None` (absent).
@@ -374,6 +552,23 @@ impl<S: Store> Lifecycle<S> {
             .await?
             .live()
             .ok_or(Error::NotFound)
+    }
+}
+
+/// The answer of a wait that ran out: the holder's lease as last read, with
+/// the time left on it now (the database's clock, moved on by this
+/// machine's since the read).
+fn still_in_progress(
+    lease_expires_at: SystemTime,
+    read_now: SystemTime,
+    read_at: Instant,
+    expires_at: SystemTime,
+) -> ClaimOutcome {
+    let now = read_now + read_at.elapsed();
+    ClaimOutcome::InProgress {
+        lease_expires_at,
+        retry_after: lease_expires_at.duration_since(now).unwrap_or_default(),
+        expires_at,
     }
 }
 

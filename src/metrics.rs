@@ -154,6 +154,26 @@ fn describe() {
         "idempotency_replay_cache_fresh",
         "1 while the purge feed vouches for the replay cache (it answers), else 0."
     );
+    describe_gauge!(
+        "idempotency_waiters",
+        "Claims waiting on this replica for another holder's lease to end (ClaimRequest.wait)."
+    );
+    describe_counter!(
+        "idempotency_waits_total",
+        "Waits ended, by outcome: completed (the stored result), claimed (this Claim took the key), fingerprint_mismatch, timed_out, shutdown, over_cap (IDEMPOTENCY_MAX_WAITERS reached: answered at once), error."
+    );
+    describe_histogram!(
+        "idempotency_wait_duration_seconds",
+        "How long Claims waited, by outcome."
+    );
+    describe_counter!(
+        "idempotency_wait_reads_total",
+        "Reads of a key by its waiters on this replica (one read serves them all), by cause: joined, woken (a Complete, Release or Purge announced), lease_expired (the holder's lease ran out), poll (the feed was not caught up, or the store announces nothing: Citus), lost (another replica took the key first)."
+    );
+    describe_gauge!(
+        "idempotency_wait_feed_fresh",
+        "1 while the purge feed is caught up, so that waiters are woken by it; 0 while they poll instead."
+    );
     describe_counter!(
         "idempotency_replay_cache_too_large_total",
         "Completed records not kept in the replay cache because they are larger than one shard's share of IDEMPOTENCY_REPLAY_CACHE_BYTES (the budget is split between shards: about budget / (4 x cores), rounded to a power of two)."
@@ -335,6 +355,29 @@ pub fn record_reaper_run(result: Result<u64, ()>) {
         }
         Err(()) => counter!("idempotency_reaper_runs_total", "result" => "error").increment(1),
     }
+}
+
+/// How many Claims wait on this replica now.
+pub fn record_waiters(waiting: usize) {
+    gauge!("idempotency_waiters").set(waiting as f64);
+}
+
+/// A Claim's wait ended: how, and after how long.
+pub fn record_wait(outcome: &'static str, waited: std::time::Duration) {
+    counter!("idempotency_waits_total", "outcome" => outcome).increment(1);
+    histogram!("idempotency_wait_duration_seconds", "outcome" => outcome)
+        .record(waited.as_secs_f64());
+}
+
+/// Waiters read a key (one read shared by this replica's waiters on it):
+/// why ("joined", "woken", "lease_expired", "poll", "lost").
+pub fn record_wait_read(cause: &'static str) {
+    counter!("idempotency_wait_reads_total", "cause" => cause).increment(1);
+}
+
+/// Whether the purge feed is caught up for waiters (else they poll).
+pub fn record_wait_feed(fresh: bool) {
+    gauge!("idempotency_wait_feed_fresh").set(if fresh { 1.0 } else { 0.0 });
 }
 
 pub fn record_store_up(up: bool) {

@@ -251,8 +251,16 @@ async fn serve<S: Store>(
         config.call_timeout,
         labels.clone(),
     );
+    let lifecycle = Lifecycle::new(store.clone(), config.limits());
+    let waiters = lifecycle.waiters().clone();
+    // Waiting Claims hear other replicas' Completes, Releases and Purges on
+    // the store's feed (PostgreSQL); a store without one announces only what
+    // this process does, which the lifecycle tells its waiters itself.
+    let waiters_task = store
+        .purge_feed()
+        .map(|feed| tokio::spawn(waiters.clone().follow(feed)));
     let api = IdempotencyServiceServer::new(IdempotencyApi::new(
-        Lifecycle::new(store.clone(), config.limits()),
+        lifecycle,
         labels,
         config.max_batch_items,
     ))
@@ -305,6 +313,9 @@ async fn serve<S: Store>(
             reporter
                 .set_service_status(health::LIVENESS, ServingStatus::NotServing)
                 .await;
+            // Waiting Claims answer OUTCOME_IN_PROGRESS now, so the drain
+            // does not wait for their waits to run out.
+            waiters.shut_down();
             drain.cancel();
             match tokio::time::timeout(config.shutdown_timeout, &mut server).await {
                 Ok(result) => result.map_err(anyhow::Error::from),
@@ -316,7 +327,11 @@ async fn serve<S: Store>(
         }
     };
     background.cancel();
+    waiters.shut_down();
     drain.cancel();
+    if let Some(task) = waiters_task {
+        task.abort();
+    }
     if let Some(task) = health_only {
         let _ = task.await;
     }

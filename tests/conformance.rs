@@ -49,6 +49,14 @@ support::conformance!(
     batch::claim_batch_refuses_an_invalid_item_by_index_and_changes_nothing,
     batch::complete_batch_answers_every_item_with_its_own_status,
     batch::concurrent_claim_batches_on_overlapping_keys_give_one_winner_per_key,
+    wait::waiters_get_the_stored_response_when_the_holder_completes,
+    wait::when_the_holder_releases_one_waiter_claims_and_the_rest_get_its_result,
+    wait::when_the_holder_vanishes_one_waiter_takes_over_at_its_lease_expiry,
+    wait::a_purge_while_claims_wait_lets_one_claim_and_the_rest_get_its_result,
+    wait::cancelled_waiters_leave_their_place_and_the_cap_answers_at_once,
+    wait::a_wait_ends_before_the_calls_deadline_with_in_progress,
+    wait::shutdown_answers_waiters_in_progress_at_once,
+    wait::without_wait_or_retried_a_claim_answers_at_once_and_bad_waits_are_refused,
 );
 
 mod common;
@@ -81,3 +89,5 @@ mod purge;
 mod release;
 #[path = "conformance/retry_safe.rs"]
 mod retry_safe;
+#[path = "conformance/wait.rs"]
+mod wait;

@@ -32,6 +32,12 @@ use crate::metrics::{self, CallRecord, NamespaceLabels};
 use crate::reload::Reloading;
 use crate::tls::PeerInfo;
 
+/// When the call must have answered (the caller's `grpc-timeout`, at most
+/// the server's call timeout), put into each admitted call's extensions: a
+/// Claim that waits answers before it.
+#[derive(Debug, Clone, Copy)]
+pub struct CallDeadline(pub Instant);
+
 /// Who is calling, put into each admitted call's extensions.
 #[derive(Debug, Clone)]
 pub struct Caller(pub Option<Arc<Identity>>);
@@ -131,6 +137,7 @@ where
         let timeout = grpc_timeout(request.headers())
             .map_or(self.state.call_timeout, |t| t.min(self.state.call_timeout));
         let deadline = started + timeout;
+        request.extensions_mut().insert(CallDeadline(deadline));
         let permit = match self.state.admit(method, &mut request) {
             Ok(permit) => permit,
             Err((error, identity)) => {

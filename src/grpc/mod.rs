@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use self::guard::Caller;
+use self::guard::{CallDeadline, Caller};
 use crate::domain::{ClaimOutcome, Fingerprint, Key, LeaseToken, Namespace, Record, RecordState};
 use crate::error::Error;
 use crate::lifecycle::{self, Lifecycle};
@@ -250,6 +250,35 @@ fn parse_claim(request: proto::ClaimRequest) -> Result<lifecycle::ClaimRequest, 
     })
 }
 
+/// A ClaimBatch item: a Claim that does not wait (a batch answers at once).
+fn parse_batch_claim(request: proto::ClaimRequest) -> Result<lifecycle::ClaimRequest, Error> {
+    if request.wait.is_some_and(|w| w.seconds != 0 || w.nanos != 0) {
+        return Err(Error::invalid(
+            "wait",
+            "a ClaimBatch item cannot wait; send a Claim of its own",
+        ));
+    }
+    parse_claim(request)
+}
+
+/// How much earlier than the call's deadline a waiting Claim answers, so
+/// that its answer reaches the caller in time: a tenth of the time left, at
+/// least 10 ms and at most 250 ms.
+fn answer_margin(left: Duration) -> Duration {
+    (left / 10).clamp(Duration::from_millis(10), Duration::from_millis(250))
+}
+
+/// A Claim's wait, ending early enough to answer before the call's deadline.
+fn within_deadline(wait: Duration, deadline: Option<tokio::time::Instant>) -> Duration {
+    match deadline {
+        None => wait,
+        Some(deadline) => {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            wait.min(left.saturating_sub(answer_margin(left)))
+        }
+    }
+}
+
 fn parse_complete(request: proto::CompleteRequest) -> Result<lifecycle::CompleteRequest, Error> {
     Ok(lifecycle::CompleteRequest {
         namespace: Namespace::parse(request.namespace)?,
@@ -378,23 +407,41 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         request: Request<proto::ClaimRequest>,
     ) -> Result<Response<proto::ClaimResponse>, Status> {
         let (mut log, span) = self.start("Claim", &request);
+        let deadline = request.extensions().get::<CallDeadline>().map(|d| d.0);
         let request = request.into_inner();
+        let asked_to_wait = request.wait.is_some_and(|w| w.seconds > 0 || w.nanos > 0);
         let result = async {
+            let wait = duration("wait", request.wait)?;
             let request = parse_claim(request)?;
             log.namespace = Some(request.namespace.clone());
             log.caller.check_namespace(&request.namespace)?;
-            self.lifecycle.claim(request).await
+            let wait = within_deadline(self.lifecycle.limits().wait(wait)?, deadline);
+            self.lifecycle.claim_waiting(request, wait).await
         }
         .instrument(span)
         .await;
-        if let Ok(ClaimOutcome::Claimed {
-            lease, took_over, ..
+        if let Ok(lifecycle::Waited {
+            outcome: ClaimOutcome::Claimed {
+                lease, took_over, ..
+            },
+            ..
         }) = &result
         {
             log.fencing_token = Some(lease.fencing_token);
             log.took_over = *took_over;
         }
-        log.finish(result, ClaimOutcome::name, claim_response)
+        log.finish(
+            result,
+            |w| w.outcome.name(),
+            |w| proto::ClaimResponse {
+                waited: if asked_to_wait {
+                    wire_duration(w.waited)
+                } else {
+                    None
+                },
+                ..claim_response(w.outcome)
+            },
+        )
     }
 
     async fn complete(
@@ -486,7 +533,7 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         let items = request.into_inner().items;
         let result = async {
             self.check_batch_size(items.len())?;
-            let requests = parse_items(items, parse_claim)?;
+            let requests = parse_items(items, parse_batch_claim)?;
             log.namespace = batch_namespace(requests.iter().map(|r| &r.namespace));
             check_items(&log.caller, requests.iter().map(|r| &r.namespace))?;
             self.lifecycle.claim_many(requests).await

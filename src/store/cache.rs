@@ -344,6 +344,15 @@ impl<S: Store> Store for Cached<S> {
         self.inner.fetch(namespace, key).await
     }
 
+    /// Never from memory: a waiter needs the row itself (and its mark).
+    async fn watch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
+        self.inner.watch(namespace, key).await
+    }
+
+    fn announces(&self) -> super::Announces {
+        self.inner.announces()
+    }
+
     async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
         if let Some(snapshot) = self.cache.replay(&lease.namespace, &lease.key) {
             return Ok(FirstClaim::Found(snapshot));

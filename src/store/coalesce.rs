@@ -243,6 +243,15 @@ impl<S: Store> Store for Coalesced<S> {
             .await
     }
 
+    /// Not coalesced: rare, and a statement of its own.
+    async fn watch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
+        self.inner.watch(namespace, key).await
+    }
+
+    fn announces(&self) -> super::Announces {
+        self.inner.announces()
+    }
+
     async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
         self.firsts
             .call(lease.clone())

@@ -49,6 +49,18 @@ pub trait Store: Clone + Send + Sync + 'static {
         key: &Key,
     ) -> impl Future<Output = Result<Snapshot, Error>> + Send;
 
+    /// Reads a key's record for a Claim that waits on its holder, and, where
+    /// the store can, arranges that the holder's Complete or Release from
+    /// now on is announced on its purge feed (see [`Store::announces`]).
+    fn watch(
+        &self,
+        namespace: &Namespace,
+        key: &Key,
+    ) -> impl Future<Output = Result<Snapshot, Error>> + Send;
+
+    /// How a waiting Claim hears that a key it watches changed.
+    fn announces(&self) -> Announces;
+
     /// Takes the key if, at the instant of the statement, it is absent,
     /// expired, released, or in progress under an expired lease, and its
     /// fingerprint does not conflict. `None` when it was not claimable. A
@@ -188,6 +200,21 @@ pub enum FirstClaim {
     /// A record appeared between the step's read and its write (or the key
     /// was named twice in one batch): read it again.
     Raced,
+}
+
+/// How a waiting Claim of this process hears that the key it watches changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Announces {
+    /// On the purge feed: every replica's Complete and Release of a watched
+    /// key, and every purge (plain PostgreSQL). While the feed is not known
+    /// to be caught up, waiters read again at a bounded interval.
+    Feed,
+    /// Only this process writes the records (SQLite): what this process does
+    /// is all there is to hear.
+    InProcess,
+    /// Other processes' changes are not announced (Citus, whose triggers run
+    /// on the workers): waiters read again at a bounded interval.
+    Nothing,
 }
 
 /// What a store's purge feed tells.

@@ -499,6 +499,16 @@ impl Store for SqliteStore {
         None
     }
 
+    /// A plain read: this process makes every change, and tells its waiters
+    /// itself.
+    async fn watch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
+        self.fetch(namespace, key).await
+    }
+
+    fn announces(&self) -> super::Announces {
+        super::Announces::InProcess
+    }
+
     fn cache_stats(&self) -> Option<CacheStats> {
         None
     }

@@ -36,6 +36,11 @@ use self::rows::{
     snapshot_from_row, state_from, stats_from_rows, system_time,
 };
 use self::sql::*;
+
+/// How many times `watch` reads a row that changed under its mark before it
+/// answers with the last read (the waiter then hears of the key at its
+/// lease's expiry at the latest).
+const WATCH_READS: usize = 3;
 use self::sqlstate::connection_lost;
 use super::{Budget, FirstClaim, PoolStatus, PurgeEvent, Store, StoreOptions, StoreStats, micros};
 use crate::domain::{
@@ -385,6 +390,50 @@ impl Store for PostgresStore {
             )
             .await?;
         snapshot_from_row(&row)
+    }
+
+    /// WATCH on plain PostgreSQL (read again, up to [`WATCH_READS`] times,
+    /// when the mark met a row changed under it); FETCH on Citus, where no
+    /// trigger announces the change.
+    async fn watch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
+        if self.engine().await? == Engine::Citus {
+            return self.fetch(namespace, key).await;
+        }
+        let mut reads = 0;
+        loop {
+            reads += 1;
+            let row = self
+                .budget
+                .run(
+                    "watch",
+                    held!(self, |conn| sqlx::query(WATCH)
+                        .bind(namespace.as_str())
+                        .bind(key.as_str())
+                        .fetch_one(conn)),
+                )
+                .await?;
+            let snapshot = snapshot_from_row(&row)?;
+            let get = |column| {
+                row.try_get::<bool, _>(column)
+                    .map_err(|e| Error::Internal(Box::new(e)))
+            };
+            let heard = get("watched")? || get("marked")?;
+            let open = snapshot.record.as_ref().is_some_and(|r| {
+                r.state == RecordState::InProgress
+                    && !r.is_expired(snapshot.now)
+                    && r.lease_expires_at.is_some_and(|at| at > snapshot.now)
+            });
+            if heard || !open || reads >= WATCH_READS {
+                return Ok(snapshot);
+            }
+        }
+    }
+
+    fn announces(&self) -> super::Announces {
+        match self.engine.get() {
+            Some(Engine::Citus) => super::Announces::Nothing,
+            _ => super::Announces::Feed,
+        }
     }
 
     async fn try_claim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {

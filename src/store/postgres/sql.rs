@@ -59,6 +59,27 @@ SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.r
 FROM (SELECT 1) AS clock
 LEFT JOIN idempotency_records AS r ON r.namespace = $1 AND r.key = $2";
 
+/// FETCH for a Claim that waits on the key's holder, marking the row
+/// `watched` when it is in progress under a live lease and not marked yet:
+/// from the mark's commit on, the row's Complete or Release is announced on
+/// the purges channel (the trigger of the migration `20261204000001_waiters`).
+/// `marked` says this statement set the flag, `watched` that it was set
+/// before. An in-progress, live, unwatched row that was not marked was changed
+/// between the statement's snapshot and its row lock: the caller reads again.
+pub(super) const WATCH: &str = "
+WITH marked AS (
+    UPDATE idempotency_records
+    SET watched = true
+    WHERE namespace = $1 AND key = $2 AND state = 1 AND NOT watched
+      AND lease_expires_at > now() AND expires_at > now()
+    RETURNING 1)
+SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
+       r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at,
+       r.checkpoint, r.checkpoint_fencing, coalesce(r.watched, false) AS watched,
+       EXISTS (SELECT FROM marked) AS marked
+FROM (SELECT 1) AS clock
+LEFT JOIN idempotency_records AS r ON r.namespace = $1 AND r.key = $2";
+
 /// FETCH for many keys at once: one row per input, in input order.
 ///
 /// One primary-key lookup per input, whatever the statistics say: as a plain
