@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,11 +11,22 @@ import (
 )
 
 // Ledger is the consumer's effect: one file per order in a folder (standing
-// in for a table), written only by the newest lease holder. The fencing
-// token is what makes that safe: a consumer whose lease ran out while it was
-// stalled (a GC pause, a network partition) comes back with an older token
-// than the one that took the order over, and its write is refused, so a
-// late writer can never overwrite the newer one's result.
+// in for a table), written only by the newest lease holder, and only for the
+// body that first wrote it.
+//
+//   - The fencing token: a consumer whose lease ran out while it was stalled
+//     (a GC pause, a network partition) comes back with an older token than
+//     the one that took the order over, and writes nothing, so a late writer
+//     can never overwrite the newer one's result.
+//   - An equal or older token writes nothing either, and gets the entry that
+//     is there as its receipt (Complete then decides: refused for a stalled
+//     holder). That is also the late copy after the key's record expired and
+//     was reaped: its new record starts again at token 1, the token the
+//     entry already has; it completes with the entry as its receipt, and
+//     nothing is written twice.
+//   - The body's fingerprint: another body under an order id already applied
+//     is refused whatever its token (ErrConflict), because after a reaping the
+//     service can no longer tell it is a mismatch. The consumer parks it.
 //
 // Every write is also appended to applied.log (order and token), so a test
 // can see how often the effect ran and under which leases.
@@ -25,10 +37,12 @@ type Entry struct {
 	OrderID      string `json:"order_id"`
 	AmountCents  int64  `json:"amount_cents"`
 	FencingToken uint64 `json:"fencing_token"`
+	// BodySHA256 is the fingerprint of the body that wrote it (hex).
+	BodySHA256 string `json:"body_sha256"`
 }
 
-// ErrStaleLease: a newer lease holder already wrote this order.
-var ErrStaleLease = errors.New("ledger: a newer lease holder wrote this order")
+// ErrConflict: the order was applied with another body.
+var ErrConflict = errors.New("ledger: this order was applied with another body")
 
 func OpenLedger(dir string) (*Ledger, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -37,40 +51,49 @@ func OpenLedger(dir string) (*Ledger, error) {
 	return &Ledger{dir: dir}, nil
 }
 
-// Apply writes the order's entry under the given fencing token, unless an
-// entry with a newer token is there (ErrStaleLease). The same token again
-// rewrites the same entry: Apply is an upsert keyed by the order.
-func (l *Ledger) Apply(order Order, fencingToken uint64) (Entry, error) {
+// Apply writes the order's entry under the given fencing token and returns
+// it with wrote=true, when there is no entry or the entry is the same body's
+// under an older token (a takeover rewrites the same values). When the entry
+// is the same body's under an equal or newer token, it writes nothing and
+// returns that entry with wrote=false. Another body's entry: ErrConflict.
+func (l *Ledger) Apply(order Order, bodySHA256 []byte, fencingToken uint64) (entry Entry, wrote bool, err error) {
 	unlock, err := l.lock()
 	if err != nil {
-		return Entry{}, err
+		return Entry{}, false, err
 	}
 	defer unlock()
 
 	path := l.path(order.ID)
-	if existing, err := l.read(path); err == nil && existing.FencingToken > fencingToken {
-		return Entry{}, fmt.Errorf("%w (order %s: token %d, ours %d)", ErrStaleLease, order.ID, existing.FencingToken, fencingToken)
-	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return Entry{}, err
+	fp := hex.EncodeToString(bodySHA256)
+	if existing, err := l.read(path); err == nil {
+		if existing.BodySHA256 != fp {
+			return Entry{}, false, fmt.Errorf("%w (order %s: %d cents under token %d; this body: %d cents)",
+				ErrConflict, order.ID, existing.AmountCents, existing.FencingToken, order.AmountCents)
+		}
+		if existing.FencingToken >= fencingToken {
+			return existing, false, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return Entry{}, false, err
 	}
-	entry := Entry{OrderID: order.ID, AmountCents: order.AmountCents, FencingToken: fencingToken}
+	entry = Entry{OrderID: order.ID, AmountCents: order.AmountCents, FencingToken: fencingToken, BodySHA256: fp}
 	data, _ := json.Marshal(entry)
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return Entry{}, err
+		return Entry{}, false, err
 	}
 	if err := os.Rename(tmp, path); err != nil {
-		return Entry{}, err
+		return Entry{}, false, err
 	}
 	log, err := os.OpenFile(filepath.Join(l.dir, "applied.log"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
-		return Entry{}, err
+		return Entry{}, false, err
 	}
 	defer log.Close()
 	if _, err := fmt.Fprintf(log, "%s %d\n", order.ID, fencingToken); err != nil {
-		return Entry{}, err
+		return Entry{}, false, err
 	}
-	return entry, nil
+	return entry, true, nil
 }
 
 // Entries is every order's entry.

@@ -1,6 +1,7 @@
 // Command rabbitmq-go is a RabbitMQ consumer that applies each order's effect
 // once, however often the order is delivered: a publisher's retry, a
-// redelivery after the consumer died before its ack.
+// redelivery after the consumer died before its ack, a late copy after the
+// order's record expired.
 //
 // Each delivery goes through idempotency.OnceJSON, keyed by the order's
 // identity and fingerprinted by its body:
@@ -10,10 +11,16 @@
 //   - a duplicate gets the stored receipt back without running it, and acks;
 //   - a redelivery whose earlier attempt is still running (or whose consumer
 //     died; its lease then runs out) waits for it, then replays or takes over;
-//   - the same order id with another body is rejected (not requeued).
+//   - the same order id with another body is parked in <queue>.dlq, with its
+//     reason: by the service (a fingerprint mismatch) while the first body's
+//     record lives, by the ledger (a conflict) after it expired;
+//   - a failure (the ledger or the service down, the lease lost) sends the
+//     message to a retry queue that gives it back after a backoff; when the
+//     retry budget is spent, it is parked.
 //
 // Acks are manual and come after Once returns, so a consumer killed mid-work
 // leaves the message to be redelivered, and the next consumer finishes it.
+// The queues are in topology.go.
 //
 //	rabbitmq-go -amqp amqp://guest:guest@127.0.0.1:5672/ -queue orders \
 //	            -target 127.0.0.1:50051 -ledger ./ledger
@@ -46,14 +53,30 @@ type Order struct {
 
 var orderID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
+// settings are the consumer's numbers; README.md and docs/recipes.md give
+// the same, with the reason for each.
+type settings struct {
+	amqpURL, queue, target, namespace, ledgerDir string
+	lease, retention, wait                      time.Duration
+	retryDelays                                 []time.Duration
+	deliveryLimit                               int
+	hold                                        holdPoint
+}
+
 func main() {
-	amqpURL := flag.String("amqp", "amqp://guest:guest@127.0.0.1:5672/", "the broker")
-	queue := flag.String("queue", "orders", "the queue to consume (declared if missing)")
-	target := flag.String("target", "127.0.0.1:50051", "idempotency-service's address")
-	namespace := flag.String("namespace", "examples/rabbitmq-go", "the namespace of the orders' keys")
-	ledgerDir := flag.String("ledger", "ledger", "the folder the effect writes to")
-	lease := flag.Duration("lease", 10*time.Second, "the lease per order (the heartbeat extends it every third)")
-	hold := flag.String("hold", "", "for tests: ORDER@POINT, hang at that point of that order's handling until killed;\n"+
+	var s settings
+	var delays, hold string
+	flag.StringVar(&s.amqpURL, "amqp", "amqp://guest:guest@127.0.0.1:5672/", "the broker")
+	flag.StringVar(&s.queue, "queue", "orders", "the queue to consume (declared with its retry and parking queues if missing)")
+	flag.StringVar(&s.target, "target", "127.0.0.1:50051", "idempotency-service's address")
+	flag.StringVar(&s.namespace, "namespace", "examples/rabbitmq-go", "the namespace of the orders' keys")
+	flag.StringVar(&s.ledgerDir, "ledger", "ledger", "the folder the effect writes to")
+	flag.DurationVar(&s.lease, "lease", 30*time.Second, "the lease per order (the heartbeat extends it every third)")
+	flag.DurationVar(&s.retention, "retention", 7*24*time.Hour, "how long a completed order's receipt is kept and replayed")
+	flag.DurationVar(&s.wait, "wait", 45*time.Second, "how long a delivery waits on another consumer's live lease (more than a lease)")
+	flag.StringVar(&delays, "retry-delays", DefaultRetryDelays, "the backoff before each retry; then the message is parked")
+	flag.IntVar(&s.deliveryLimit, "delivery-limit", DefaultDeliveryLimit, "redeliveries after a crash before RabbitMQ dead-letters a message")
+	flag.StringVar(&hold, "hold", "", "for tests: ORDER@POINT, hang at that point of that order's handling until killed;\n"+
 		"POINT is claimed (the lease is held, no effect yet), applied (the effect is written, no Complete yet)\n"+
 		"or completed (the receipt is stored, no ack yet)")
 	flag.Parse()
@@ -62,14 +85,17 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	var h holdPoint
-	if *hold != "" {
+	var err error
+	if s.retryDelays, err = ParseRetryDelays(delays); err != nil {
+		log.Fatal(err)
+	}
+	if hold != "" {
 		var ok bool
-		if h.order, h.point, ok = strings.Cut(*hold, "@"); !ok || (h.point != "claimed" && h.point != "applied" && h.point != "completed") {
-			log.Fatalf("-hold %q: want ORDER@claimed, ORDER@applied or ORDER@completed", *hold)
+		if s.hold.order, s.hold.point, ok = strings.Cut(hold, "@"); !ok || (s.hold.point != "claimed" && s.hold.point != "applied" && s.hold.point != "completed") {
+			log.Fatalf("-hold %q: want ORDER@claimed, ORDER@applied or ORDER@completed", hold)
 		}
 	}
-	if err := run(ctx, *amqpURL, *queue, *target, *namespace, *ledgerDir, *lease, h); err != nil {
+	if err := run(ctx, s); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -86,18 +112,18 @@ func (h holdPoint) at(order, point string) {
 	}
 }
 
-func run(ctx context.Context, amqpURL, queue, target, namespace, ledgerDir string, lease time.Duration, hold holdPoint) error {
-	ledger, err := OpenLedger(ledgerDir)
+func run(ctx context.Context, s settings) error {
+	ledger, err := OpenLedger(s.ledgerDir)
 	if err != nil {
 		return err
 	}
-	client, err := idempotency.Dial(target)
+	client, err := idempotency.Dial(s.target)
 	if err != nil {
 		return err
 	}
 	defer client.Close()
 
-	conn, err := amqp.Dial(amqpURL)
+	conn, err := amqp.Dial(s.amqpURL)
 	if err != nil {
 		return fmt.Errorf("amqp: %w", err)
 	}
@@ -107,19 +133,27 @@ func run(ctx context.Context, amqpURL, queue, target, namespace, ledgerDir strin
 		return err
 	}
 	defer ch.Close()
-	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
+	if err := DeclareTopology(ch, s.queue, s.retryDelays, s.deliveryLimit); err != nil {
 		return err
 	}
 	// One message at a time: the next is delivered once this one is acked.
 	if err := ch.Qos(1, 0, false); err != nil {
 		return err
 	}
-	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	// Retry and park copies go out on a channel in confirm mode: a copy is
+	// confirmed by the broker before the delivery is acked.
+	pub, err := newPublisher(conn)
 	if err != nil {
 		return err
 	}
-	log.Printf("ready queue=%s", queue)
+	defer pub.ch.Close()
+	deliveries, err := ch.Consume(s.queue, "", false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	log.Printf("ready queue=%s", s.queue)
 
+	c := &orderConsumer{settings: s, client: client, ledger: ledger, pub: pub}
 	for {
 		select {
 		case <-ctx.Done():
@@ -129,17 +163,24 @@ func run(ctx context.Context, amqpURL, queue, target, namespace, ledgerDir strin
 			if !ok {
 				return errors.New("the broker closed the channel")
 			}
-			handle(ctx, client, ledger, namespace, lease, hold, d)
+			c.handle(ctx, d)
 		}
 	}
 }
 
-// handle runs one delivery's effect once and acks, or gives it back.
-func handle(ctx context.Context, client *idempotency.Client, ledger *Ledger, namespace string, lease time.Duration, hold holdPoint, d amqp.Delivery) {
+type orderConsumer struct {
+	settings
+	client *idempotency.Client
+	ledger *Ledger
+	pub    *publisher
+}
+
+// handle runs one delivery's effect once and acks, or sends it on (retry, park).
+func (c *orderConsumer) handle(ctx context.Context, d amqp.Delivery) {
 	var order Order
 	if err := json.Unmarshal(d.Body, &order); err != nil || !orderID.MatchString(order.ID) {
-		log.Printf("reject malformed message %q", d.Body)
-		_ = d.Reject(false)
+		log.Printf("park malformed message %q", d.Body)
+		c.park(d, "", "not_an_order", fmt.Sprintf("not an order: %q", d.Body))
 		return
 	}
 	// The key names the event (the order), never the delivery; the
@@ -147,45 +188,161 @@ func handle(ctx context.Context, client *idempotency.Client, ledger *Ledger, nam
 	key := idempotency.MustDeriveKey("examples/rabbitmq-go", "order", order.ID)
 	fp := idempotency.MustFingerprint(d.Body)
 
-	entry, result, err := idempotency.OnceJSON(ctx, client, namespace, key,
+	wrote := false
+	entry, result, err := idempotency.OnceJSON(ctx, c.client, c.namespace, key,
 		func(work context.Context, l idempotency.Lease) (Entry, error) {
 			log.Printf("start order=%s token=%d redelivered=%t", order.ID, l.FencingToken, d.Redelivered)
-			hold.at(order.ID, "claimed")
-			entry, err := ledger.Apply(order, l.FencingToken)
+			c.hold.at(order.ID, "claimed")
+			entry, w, err := c.ledger.Apply(order, fp, l.FencingToken)
 			if err != nil {
 				return Entry{}, err
 			}
-			log.Printf("applied order=%s token=%d", order.ID, l.FencingToken)
-			hold.at(order.ID, "applied")
+			wrote = w
+			log.Printf("applied order=%s token=%d wrote=%t", order.ID, l.FencingToken, w)
+			c.hold.at(order.ID, "applied")
 			return entry, work.Err()
 		},
 		idempotency.WithFingerprint(fp),
-		idempotency.WithLeaseTTL(lease),
-		// A dead consumer's lease runs out within one lease: wait that long.
-		idempotency.WaitOnInProgress(lease+5*time.Second),
+		idempotency.WithLeaseTTL(c.lease),
+		idempotency.WithRetention(c.retention),
+		// A dead consumer's lease runs out within one lease: wait longer than that.
+		idempotency.WaitOnInProgress(c.wait),
 	)
 
 	var mismatch *idempotency.FingerprintMismatch
 	switch {
 	case err == nil:
-		hold.at(order.ID, "completed")
+		c.hold.at(order.ID, "completed")
 		if ackErr := d.Ack(false); ackErr != nil {
 			log.Printf("ack order=%s: %v", order.ID, ackErr)
 			return
 		}
-		log.Printf("done order=%s replayed=%t token=%d", order.ID, result.Replayed, entry.FencingToken)
+		log.Printf("done order=%s replayed=%t wrote=%t token=%d", order.ID, result.Replayed, wrote && !result.Replayed, entry.FencingToken)
 	case errors.As(err, &mismatch):
-		// Same order id, another body: not a duplicate; park it for a human.
-		log.Printf("mismatch order=%s: %v", order.ID, err)
-		_ = d.Reject(false)
+		// Same order id, another body, while the first one's record lives:
+		// not a duplicate; park it for a human.
+		log.Printf("park order=%s reason=fingerprint_mismatch: %v", order.ID, err)
+		c.park(d, order.ID, "fingerprint_mismatch", err.Error())
+	case errors.Is(err, ErrConflict):
+		// The same, found by the ledger: the first body's record expired and
+		// was reaped, so the Claim could not tell. Once released the key;
+		// nothing was written.
+		log.Printf("park order=%s reason=conflicts_with_applied_order: %v", order.ID, err)
+		c.park(d, order.ID, "conflicts_with_applied_order", err.Error())
 	default:
-		// In progress elsewhere past the wait, lease lost, a failed effect, the
-		// service unavailable: give the message back for a later attempt.
-		log.Printf("requeue order=%s: %v", order.ID, err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
+		// In progress elsewhere past the wait, lease lost, a failed effect (Once
+		// released the key), the service unavailable: try again after a backoff.
+		c.retry(ctx, d, order.ID, err)
+	}
+}
+
+// retry sends the delivery to the retry queue of its next backoff step, or
+// parks it when the budget is spent. Never Nack(requeue): that redelivers at
+// once and spends the delivery limit in seconds.
+func (c *orderConsumer) retry(ctx context.Context, d amqp.Delivery, order string, cause error) {
+	attempt := headerInt(d.Headers, headerRetryAttempt)
+	if attempt >= len(c.retryDelays) {
+		log.Printf("park order=%s reason=retries_exhausted: %v", order, cause)
+		c.park(d, order, "retries_exhausted", fmt.Sprintf("%d retries; the last failure: %v", attempt, cause))
+		return
+	}
+	target := RetryQueue(c.queue, c.retryDelays[attempt])
+	log.Printf("retry order=%s attempt=%d queue=%s: %v", order, attempt+1, target, cause)
+	c.republish(d, target, amqp.Table{headerRetryAttempt: int32(attempt + 1)})
+}
+
+// park puts the delivery in <queue>.dlq with why, for an operator.
+func (c *orderConsumer) park(d amqp.Delivery, order, reason, detail string) {
+	if len(detail) > 1000 {
+		detail = detail[:1000]
+	}
+	c.republish(d, ParkingQueue(c.queue), amqp.Table{
+		headerParkedReason: reason, headerParkedDetail: detail, headerParkedFrom: c.queue,
+	})
+}
+
+// republish publishes a copy of the delivery (confirmed by the broker), then
+// acks the delivery. A crash between the two leaves two copies, which the
+// key makes harmless. If the publish fails, the delivery is nacked back into
+// its queue (it counts against the delivery limit): nothing is lost.
+func (c *orderConsumer) republish(d amqp.Delivery, queue string, extra amqp.Table) {
+	headers := amqp.Table{}
+	for k, v := range d.Headers {
+		if k != "x-delivery-count" {
+			headers[k] = v
 		}
+	}
+	for k, v := range extra {
+		headers[k] = v
+	}
+	err := c.pub.publish(queue, amqp.Publishing{
+		Headers: headers, ContentType: d.ContentType, MessageId: d.MessageId, CorrelationId: d.CorrelationId,
+		DeliveryMode: amqp.Persistent, Body: d.Body,
+	})
+	if err != nil {
+		log.Printf("publish to %s: %v; requeueing the delivery", queue, err)
 		_ = d.Nack(false, true)
+		return
+	}
+	if err := d.Ack(false); err != nil {
+		log.Printf("ack after publishing to %s: %v; a copy comes back", queue, err)
+	}
+}
+
+func headerInt(h amqp.Table, name string) int {
+	switch v := h[name].(type) {
+	case int32:
+		return int(v)
+	case int64:
+		return int(v)
+	case int16:
+		return int(v)
+	case int8:
+		return int(v)
+	case int:
+		return v
+	}
+	return 0
+}
+
+// publisher publishes with confirms, one message at a time (the consumer
+// handles one delivery at a time).
+type publisher struct {
+	ch       *amqp.Channel
+	confirms chan amqp.Confirmation
+}
+
+func newPublisher(conn *amqp.Connection) (*publisher, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return nil, err
+	}
+	return &publisher{ch: ch, confirms: ch.NotifyPublish(make(chan amqp.Confirmation, 1))}, nil
+}
+
+func (p *publisher) publish(queue string, msg amqp.Publishing) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.ch.PublishWithContext(ctx, "", queue, false, false, msg); err != nil {
+		return err
+	}
+	select {
+	case confirm, ok := <-p.confirms:
+		if !ok {
+			return errors.New("the publishing channel closed")
+		}
+		if !confirm.Ack {
+			return fmt.Errorf("the broker refused the copy for %s", queue)
+		}
+		return nil
+	case <-ctx.Done():
+		// A confirm that comes later would be taken for the next copy's:
+		// close the channel, so every later copy fails (and is requeued).
+		p.ch.Close()
+		return fmt.Errorf("no confirm from the broker for %s within 10 s", queue)
 	}
 }

@@ -7,13 +7,21 @@ package main
 // hangs at another point of an order's handling (after Claim, after the
 // effect, after Complete but before the ack), restart it, and check that
 // every order's effect is in the ledger once, written by the newest lease.
+//
+// Then the cases around it: a late copy after the order's record expired and
+// was reaped (same body, another body); a ledger outage longer than the retry
+// budget (parked, then moved back and applied once); the queue as the broker
+// holds it (durable, quorum, declared against a queue that exists), and a
+// restart of a private RabbitMQ node with a message in the queue.
 
 import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -120,36 +128,166 @@ func contains(c *consumer, pattern string) func() bool {
 	}
 }
 
+// The test's retry budget (two retries, then parked) and delivery limit.
+var testRetryDelays = []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}
+
+const (
+	testRetryDelaysFlag  = "200ms,400ms"
+	testDeliveryLimit    = 5
+	testDeliveryLimitArg = "5"
+)
+
+func randomSuffix(t *testing.T) string {
+	suffix := make([]byte, 6)
+	if _, err := rand.Read(suffix); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(suffix)
+}
+
+// broker is a connection and channel to a RabbitMQ for the test's own use.
+type broker struct {
+	url      string
+	conn     *amqp.Connection
+	ch       *amqp.Channel
+	confirms chan amqp.Confirmation
+}
+
+func dialBroker(t *testing.T, url string) *broker {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("RabbitMQ at %s: %v", url, err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	// One listener for the channel's life: the library blocks on a full one.
+	b := &broker{url: url, conn: conn, ch: ch, confirms: ch.NotifyPublish(make(chan amqp.Confirmation, 1024))}
+	t.Cleanup(func() { conn.Close() })
+	return b
+}
+
+// declareTopology declares the consumer's queues as the consumer does and
+// deletes them when the test ends.
+func (b *broker) declareTopology(t *testing.T, queue string) {
+	t.Helper()
+	if err := DeclareTopology(b.ch, queue, testRetryDelays, testDeliveryLimit); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, name := range QueueNames(queue, testRetryDelays) {
+			if _, err := b.ch.QueueDelete(name, false, false, false); err != nil {
+				t.Errorf("delete queue %s: %v", name, err)
+			}
+		}
+	})
+}
+
+// publish publishes bodies to a queue and waits for the broker's confirms
+// (through NotifyPublish: amqp091-go 1.5's deferred confirmations can miss an
+// ack that arrives before they are registered).
+func (b *broker) publish(t *testing.T, queue string, msgs ...amqp.Publishing) {
+	t.Helper()
+	for _, msg := range msgs {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if msg.ContentType == "" {
+			msg.ContentType = "application/json"
+		}
+		msg.DeliveryMode = amqp.Persistent
+		err := b.ch.PublishWithContext(ctx, "", queue, false, false, msg)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range msgs {
+		select {
+		case confirm := <-b.confirms:
+			if !confirm.Ack {
+				t.Fatalf("the broker refused publish %d", confirm.DeliveryTag)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the broker did not confirm every publish within 10 s")
+		}
+	}
+}
+
+func (b *broker) depth(t *testing.T, queue string) int {
+	t.Helper()
+	q, err := b.ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q.Messages
+}
+
+// drain takes every message out of a queue.
+func (b *broker) drain(t *testing.T, queue string) []amqp.Delivery {
+	t.Helper()
+	var out []amqp.Delivery
+	for {
+		d, ok, err := b.ch.Get(queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+func body(id string, amount int64) []byte {
+	return []byte(fmt.Sprintf(`{"order_id":%q,"amount_cents":%d}`, id, amount))
+}
+
+func sha(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// appliedLog is applied.log: the tokens each order's effect was written under.
+func appliedLog(t *testing.T, ledgerDir string) map[string][]string {
+	t.Helper()
+	applied := map[string][]string{}
+	logFile, err := os.Open(filepath.Join(ledgerDir, "applied.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	scanner := bufio.NewScanner(logFile)
+	for scanner.Scan() {
+		fields := strings.Fields(scanner.Text())
+		applied[fields[0]] = append(applied[fields[0]], fields[1])
+	}
+	return applied
+}
+
+func matching(c *consumer, pattern string) []string {
+	re := regexp.MustCompile(pattern)
+	var out []string
+	for _, line := range c.lines() {
+		if re.MatchString(line) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
 func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing.T) {
 	server := idempotencytest.Start(t)
 	client := server.Client(t)
 	dir := t.TempDir()
 	ledgerDir := filepath.Join(dir, "ledger")
-	suffix := make([]byte, 6)
-	if _, err := rand.Read(suffix); err != nil {
-		t.Fatal(err)
-	}
-	queue := "idempotency-go-example-" + hex.EncodeToString(suffix)
+	queue := "idempotency-go-example-" + randomSuffix(t)
 	namespace := "examples/rabbitmq-go/" + queue
-
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		t.Fatalf("RabbitMQ at %s: %v", amqpURL(), err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
-			t.Errorf("delete queue %s: %v", queue, err)
-		}
-	}()
+	b := dialBroker(t, amqpURL())
+	b.declareTopology(t, queue)
 
 	// 12 orders; 4 of them published twice (a publisher's retry), and order
 	// o-03 once more with another amount (not a duplicate: a mismatch).
@@ -164,34 +302,13 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 		bodies = append(bodies, fmt.Sprintf(`{"order_id":%q,"amount_cents":%d}`, id, orders[id]))
 	}
 	bodies = append(bodies, `{"order_id":"o-03","amount_cents":1}`)
-	// Publisher confirms through NotifyPublish: amqp091-go 1.5's deferred
-	// confirmations can miss an ack that arrives before they are registered.
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, len(bodies)))
+	var msgs []amqp.Publishing
 	for _, body := range bodies {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := ch.PublishWithContext(ctx, "", queue, false, false,
-			amqp.Publishing{ContentType: "application/json", Body: []byte(body)})
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
+		msgs = append(msgs, amqp.Publishing{Body: []byte(body)})
 	}
-	for range bodies {
-		select {
-		case confirm := <-confirms:
-			if !confirm.Ack {
-				t.Fatalf("the broker refused publish %d", confirm.DeliveryTag)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the broker did not confirm every publish within 10 s")
-		}
-	}
+	b.publish(t, queue, msgs...)
 
-	args := []string{"-amqp", amqpURL(), "-queue", queue, "-target", server.Target,
-		"-namespace", namespace, "-ledger", ledgerDir, "-lease", "2s"}
+	args := consumerArgs(queue, server.Target, namespace, ledgerDir)
 
 	// Each run but the last hangs at one point of one order's handling and
 	// is killed there with SIGKILL; the next run starts on the redelivery.
@@ -216,7 +333,7 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 			t.Logf("consumer run %d:\n%s", i+1, strings.Join(run.lines(), "\n"))
 		}
 	}()
-	done := regexp.MustCompile(`done order=(o-\d+) replayed=(true|false) token=(\d+)$`)
+	done := regexp.MustCompile(`done order=(o-\d+) replayed=(true|false) wrote=(true|false) token=(\d+)$`)
 	var doneLines []string
 	waitFor(t, "16 acked deliveries", 60*time.Second, last, func() bool {
 		doneLines = nil
@@ -227,7 +344,7 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 				}
 			}
 		}
-		return len(doneLines) >= 16 && contains(last, `mismatch order=o-03`)()
+		return len(doneLines) >= 16 && contains(last, `park order=o-03 reason=fingerprint_mismatch`)()
 	})
 	last.signal(syscall.SIGTERM)
 	if code := last.cmd.ProcessState.ExitCode(); code != 0 {
@@ -237,13 +354,28 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 		t.Errorf("%d acked deliveries, want 16:\n%s", len(doneLines), strings.Join(doneLines, "\n"))
 	}
 
-	// Nothing is left in the queue: every delivery was acked (or, the mismatch, rejected).
-	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
+	// Nothing is left in the queue: every delivery was acked, the mismatch
+	// after its copy went to the parking queue. (A quorum queue forgets a
+	// consumer whose connection closed a moment later: wait for it.)
+	var q amqp.Queue
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		if q, err = b.ch.QueueDeclarePassive(queue, false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if q.Consumers == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if q.Messages != 0 || q.Consumers != 0 {
 		t.Errorf("queue %s: %d messages, %d consumers left, want none", queue, q.Messages, q.Consumers)
+	}
+	parked := b.drain(t, ParkingQueue(queue))
+	if len(parked) != 1 || string(parked[0].Body) != `{"order_id":"o-03","amount_cents":1}` ||
+		parked[0].Headers[headerParkedReason] != "fingerprint_mismatch" {
+		t.Errorf("parking queue: %d messages (%v), want o-03's altered copy as fingerprint_mismatch", len(parked), parked)
 	}
 
 	// Each order once in the ledger, with its own amount (o-03's altered copy
@@ -261,7 +393,7 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 		t.Errorf("%d ledger entries, want %d: %v", len(entries), len(orders), entries)
 	}
 	for id, amount := range orders {
-		want := Entry{OrderID: id, AmountCents: amount, FencingToken: 1}
+		want := Entry{OrderID: id, AmountCents: amount, FencingToken: 1, BodySHA256: sha(body(id, amount))}
 		if id == "o-04" || id == "o-07" {
 			want.FencingToken = 2
 		}
@@ -273,17 +405,7 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 	// The effect ran once per order, except where a consumer was killed
 	// between the effect and Complete: there the next lease holder (token 2)
 	// redid the fenced write. Killed before the effect, only token 2 wrote it.
-	applied := map[string][]string{}
-	logFile, err := os.Open(filepath.Join(ledgerDir, "applied.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close()
-	scanner := bufio.NewScanner(logFile)
-	for scanner.Scan() {
-		fields := strings.Fields(scanner.Text())
-		applied[fields[0]] = append(applied[fields[0]], fields[1])
-	}
+	applied := appliedLog(t, ledgerDir)
 	for id := range orders {
 		want := map[string]string{"o-04": "1 2", "o-07": "2"}[id]
 		if want == "" {
@@ -325,4 +447,376 @@ func TestEveryOrderTakesEffectOnceThroughDuplicatesAndKilledConsumers(t *testing
 			t.Errorf("%s: %s %s, want COMPLETED with the ledger entry", id, record.State, record.Response)
 		}
 	}
+}
+
+// consumerArgs are the consumer's flags in the tests: 2 s leases (a killed
+// consumer's orders free up quickly), a wait longer than that, the small
+// retry budget and delivery limit.
+func consumerArgs(queue, target, namespace, ledgerDir string, extra ...string) []string {
+	return append([]string{"-amqp", amqpURL(), "-queue", queue, "-target", target,
+		"-namespace", namespace, "-ledger", ledgerDir, "-lease", "2s", "-wait", "7s",
+		"-retry-delays", testRetryDelaysFlag, "-delivery-limit", testDeliveryLimitArg}, extra...)
+}
+
+
+// serverStats runs the server binary's `stats` on the server's store.
+func serverStats(t *testing.T, server *idempotencytest.Server) string {
+	t.Helper()
+	cmd := exec.Command(idempotencytest.Binary(), "stats")
+	cmd.Env = append(os.Environ(), "IDEMPOTENCY_DATA_DIR="+server.DataDir, "IDEMPOTENCY_METRICS_ADDR=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("idempotency-service stats: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// Issue 26, defect 1. An order completes with a 1 s retention; its record
+// expires and the reaper deletes it (the server's store is empty), so the
+// next Claim of the key starts again at fencing token 1, the token the
+// ledger entry already has. The same body again completes with the entry as
+// its receipt, nothing written; another body under the same order id, twice
+// (the second Claim gets token 2), is parked both times, the amount untouched.
+func TestLateCopyAfterTheRecordWasReaped(t *testing.T) {
+	server := idempotencytest.Start(t, "IDEMPOTENCY_REAPER_INTERVAL=1s")
+	client := server.Client(t)
+	dir := t.TempDir()
+	ledgerDir := filepath.Join(dir, "ledger")
+	queue := "idempotency-go-example-" + randomSuffix(t)
+	namespace := "examples/rabbitmq-go/" + queue
+	b := dialBroker(t, amqpURL())
+	b.declareTopology(t, queue)
+	run := startConsumer(t, dir, 1, consumerArgs(queue, server.Target, namespace, ledgerDir, "-retention", "1s")...)
+	defer func() { t.Logf("consumer:\n%s", strings.Join(run.lines(), "\n")) }()
+	waitReaped := func() {
+		waitFor(t, "the record to expire and be reaped", 30*time.Second, run, func() bool {
+			// No row at all: not live, and not expired either (awaiting the reaper).
+			return strings.Contains(serverStats(t, server),
+				"records: in_progress 0 completed 0 released 0 expired (awaiting the reaper) 0\n")
+		})
+	}
+	key := idempotency.MustDeriveKey("examples/rabbitmq-go", "order", "o-late")
+	first := body("o-late", 500)
+	want := Entry{OrderID: "o-late", AmountCents: 500, FencingToken: 1, BodySHA256: sha(first)}
+
+	b.publish(t, queue, amqp.Publishing{Body: first})
+	waitFor(t, "the first copy", 30*time.Second, run, contains(run, `done order=o-late replayed=false wrote=true token=1$`))
+	waitReaped()
+
+	// (a) The same body after the reaping: completed with the entry, nothing written.
+	b.publish(t, queue, amqp.Publishing{Body: first})
+	waitFor(t, "the late copy", 30*time.Second, run, contains(run, `applied order=o-late token=1 wrote=false$`))
+	waitFor(t, "the late copy's ack", 30*time.Second, run, func() bool {
+		return len(matching(run, `done order=o-late replayed=false wrote=(true|false) token=1$`)) == 2
+	})
+	if got := matching(run, `done order=o-late `); got[1] != fmt.Sprintf("consumer[%d] done order=o-late replayed=false wrote=false token=1", run.cmd.Process.Pid) {
+		t.Errorf("the late copy: %q, want acked without writing", got[1])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	record, err := client.Get(ctx, namespace, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var receipt Entry
+	if record.State != idempotency.StateCompleted || record.FencingToken != 1 || json.Unmarshal(record.Response, &receipt) != nil || receipt != want {
+		t.Errorf("record after the late copy: %s token %d %s, want COMPLETED under token 1 with %+v", record.State, record.FencingToken, record.Response, want)
+	}
+	waitReaped()
+
+	// (b) Another body under the same order id, twice.
+	other := body("o-late", 999)
+	b.publish(t, queue, amqp.Publishing{Body: other}, amqp.Publishing{Body: other})
+	waitFor(t, "both other-body copies parked", 30*time.Second, run, func() bool {
+		return len(matching(run, `park order=o-late reason=conflicts_with_applied_order`)) == 2
+	})
+	ledger, _ := OpenLedger(ledgerDir)
+	entries, err := ledger.Entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries["o-late"] != want {
+		t.Errorf("ledger: %+v, want only %+v", entries, want)
+	}
+	if got := strings.Join(appliedLog(t, ledgerDir)["o-late"], " "); got != "1" {
+		t.Errorf("the effect of o-late was written under tokens [%s], want [1]", got)
+	}
+	parked := b.drain(t, ParkingQueue(queue))
+	if len(parked) != 2 {
+		t.Fatalf("%d parked messages, want 2", len(parked))
+	}
+	for _, d := range parked {
+		if string(d.Body) != string(other) || d.Headers[headerParkedReason] != "conflicts_with_applied_order" ||
+			!strings.Contains(fmt.Sprint(d.Headers[headerParkedDetail]), "500 cents under token 1") {
+			t.Errorf("parked: %s %v, want the other body as conflicts_with_applied_order", d.Body, d.Headers)
+		}
+	}
+	for _, name := range QueueNames(queue, testRetryDelays)[2:] {
+		if n := b.depth(t, name); n != 0 {
+			t.Errorf("%s holds %d messages, want 0", name, n)
+		}
+	}
+}
+
+// Issue 26, defect 4. The ledger is gone (its folder replaced by a file)
+// while an order arrives: every attempt fails, the retries wait 200 ms then
+// 400 ms in the retry queues, and when the budget is spent the order is
+// parked as retries_exhausted, nothing applied. Once the ledger is back, the
+// operator moves it back into the queue: applied once.
+func TestLedgerOutageLongerThanTheRetryBudgetIsParked(t *testing.T) {
+	server := idempotencytest.Start(t)
+	client := server.Client(t)
+	dir := t.TempDir()
+	ledgerDir := filepath.Join(dir, "ledger")
+	queue := "idempotency-go-example-" + randomSuffix(t)
+	namespace := "examples/rabbitmq-go/" + queue
+	b := dialBroker(t, amqpURL())
+	b.declareTopology(t, queue)
+	run := startConsumer(t, dir, 1, consumerArgs(queue, server.Target, namespace, ledgerDir)...)
+	defer func() { t.Logf("consumer:\n%s", strings.Join(run.lines(), "\n")) }()
+	waitFor(t, "the consumer to start", 30*time.Second, run, contains(run, `ready queue=`))
+
+	if err := os.Rename(ledgerDir, ledgerDir+".offline"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ledgerDir, []byte("not a folder"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	order := body("o-out", 777)
+	b.publish(t, queue, amqp.Publishing{Body: order})
+	waitFor(t, "the order parked", 30*time.Second, run, contains(run, `park order=o-out reason=retries_exhausted`))
+	retries := matching(run, `retry order=o-out attempt=\d queue=\S+`)
+	if len(retries) != 2 || !strings.Contains(retries[0], "attempt=1 queue="+RetryQueue(queue, testRetryDelays[0])) ||
+		!strings.Contains(retries[1], "attempt=2 queue="+RetryQueue(queue, testRetryDelays[1])) {
+		t.Errorf("retries: %q, want attempts 1 and 2 through the 200ms and 400ms queues", retries)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	record, err := client.Get(ctx, namespace, idempotency.MustDeriveKey("examples/rabbitmq-go", "order", "o-out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if record.State != idempotency.StateReleased || record.FencingToken != 3 {
+		t.Errorf("record: %s token %d, want RELEASED after three attempts", record.State, record.FencingToken)
+	}
+	parked := b.drain(t, ParkingQueue(queue))
+	if len(parked) != 1 || string(parked[0].Body) != string(order) || parked[0].Headers[headerParkedReason] != "retries_exhausted" {
+		t.Fatalf("parked: %v, want the order as retries_exhausted", parked)
+	}
+
+	// The operator: the ledger is back; the order goes back into the queue.
+	if err := os.Remove(ledgerDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(ledgerDir+".offline", ledgerDir); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, queue, amqp.Publishing{Body: parked[0].Body, MessageId: parked[0].MessageId})
+	waitFor(t, "the order applied", 30*time.Second, run, contains(run, `done order=o-out replayed=false wrote=true token=4$`))
+	ledger, _ := OpenLedger(ledgerDir)
+	entries, err := ledger.Entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Entry{OrderID: "o-out", AmountCents: 777, FencingToken: 4, BodySHA256: sha(order)}); len(entries) != 1 || entries["o-out"] != want {
+		t.Errorf("ledger: %+v, want only %+v", entries, want)
+	}
+	for _, name := range QueueNames(queue, testRetryDelays) {
+		if n := b.depth(t, name); n != 0 {
+			t.Errorf("%s holds %d messages, want 0", name, n)
+		}
+	}
+}
+
+// Issue 26, defect 5, on the shared broker: the consumer starts against the
+// queues as the recipe declares them, which exist already (the old consumer
+// declared a non-durable classic queue, which RabbitMQ refused there), and
+// the broker holds the main queue as durable and quorum: declaring it as
+// not durable, or as classic, is refused with PRECONDITION_FAILED.
+func TestQueueIsDurableQuorumAndDeclaresAgainstAnExistingOne(t *testing.T) {
+	server := idempotencytest.Start(t)
+	dir := t.TempDir()
+	queue := "idempotency-go-example-" + randomSuffix(t)
+	b := dialBroker(t, amqpURL())
+	b.declareTopology(t, queue)
+	run := startConsumer(t, dir, 1, consumerArgs(queue, server.Target, "examples/rabbitmq-go/"+queue, filepath.Join(dir, "ledger"))...)
+	defer func() { t.Logf("consumer:\n%s", strings.Join(run.lines(), "\n")) }()
+	b.publish(t, queue, amqp.Publishing{Body: body("o-decl", 5)})
+	waitFor(t, "the order", 30*time.Second, run, contains(run, `done order=o-decl replayed=false wrote=true token=1$`))
+
+	for _, c := range []struct {
+		durable bool
+		args    amqp.Table
+		want    string
+	}{
+		{false, MainQueueArgs(queue, testDeliveryLimit), "inequivalent arg 'durable'"},
+		{true, classicArgs(queue), "inequivalent arg 'x-queue-type'"},
+	} {
+		ch, err := b.conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ch.QueueDeclare(queue, c.durable, false, false, false, c.args)
+		var amqpErr *amqp.Error
+		if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.PreconditionFailed || !strings.Contains(amqpErr.Reason, c.want) {
+			t.Errorf("declare %s durable=%t %v: %v, want PRECONDITION_FAILED (%s)", queue, c.durable, c.args, err, c.want)
+		}
+	}
+}
+
+// classicArgs are the main queue's arguments but for its type.
+func classicArgs(queue string) amqp.Table {
+	args := MainQueueArgs(queue, testDeliveryLimit)
+	args["x-queue-type"] = "classic"
+	return args
+}
+
+// privateRabbit is a RabbitMQ node of the test's own (its own node name,
+// ports, data folder; no plugins), so that it can be restarted without
+// touching the machine's broker.
+type privateRabbit struct {
+	t          *testing.T
+	dir, name  string
+	port, dist int
+	cmd        *exec.Cmd
+	exited     chan struct{}
+}
+
+func rabbitServerBin() string {
+	if bin := os.Getenv("RABBITMQ_SERVER_BIN"); bin != "" {
+		return bin
+	}
+	return "/usr/lib/rabbitmq/bin/rabbitmq-server" // Debian's, without the wrapper that switches user
+}
+
+func startPrivateRabbit(t *testing.T) *privateRabbit {
+	t.Helper()
+	bin := rabbitServerBin()
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("the broker restart test runs a RabbitMQ node of its own: %s not found (install Debian's rabbitmq-server, or set RABBITMQ_SERVER_BIN): %v", bin, err)
+	}
+	port, err := idempotencytest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dist, err := idempotencytest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &privateRabbit{t: t, dir: t.TempDir(), name: fmt.Sprintf("idempotency-test-%d@localhost", port), port: port, dist: dist}
+	if err := os.WriteFile(filepath.Join(r.dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir, "rabbitmq-env.conf"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.start()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *privateRabbit) url() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", r.port) }
+
+func (r *privateRabbit) start() {
+	r.t.Helper()
+	logFile, err := os.OpenFile(filepath.Join(r.dir, "node.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(rabbitServerBin())
+	cmd.Env = append(os.Environ(),
+		"HOME="+r.dir, // its own Erlang cookie
+		"RABBITMQ_CONF_ENV_FILE="+filepath.Join(r.dir, "rabbitmq-env.conf"),
+		"RABBITMQ_NODENAME="+r.name,
+		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
+		fmt.Sprintf("RABBITMQ_NODE_PORT=%d", r.port),
+		fmt.Sprintf("RABBITMQ_DIST_PORT=%d", r.dist),
+		"RABBITMQ_MNESIA_BASE="+filepath.Join(r.dir, "mnesia"),
+		"RABBITMQ_LOG_BASE="+filepath.Join(r.dir, "log"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(r.dir, "enabled_plugins"),
+		"RABBITMQ_CONFIG_FILE="+filepath.Join(r.dir, "rabbitmq"),
+		"RABBITMQ_ADVANCED_CONFIG_FILE="+filepath.Join(r.dir, "advanced.config"),
+		"RABBITMQ_PID_FILE="+filepath.Join(r.dir, "pid"),
+		"ERL_EPMD_ADDRESS=127.0.0.1",
+	)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its Erlang processes in one group
+	if err := cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.cmd, r.exited = cmd, make(chan struct{})
+	go func(exited chan struct{}) { _ = cmd.Wait(); close(exited) }(r.exited)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if conn, err := amqp.Dial(r.url()); err == nil {
+			conn.Close()
+			return
+		}
+		select {
+		case <-r.exited:
+			r.t.Fatalf("the private RabbitMQ node exited:\n%s", r.log())
+		default:
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("the private RabbitMQ node did not accept connections within 90 s:\n%s", r.log())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// stop stops the node as a service manager does (SIGTERM: RabbitMQ shuts
+// down cleanly), SIGKILLs its process group after 60 s.
+func (r *privateRabbit) stop() {
+	if r.cmd == nil {
+		return
+	}
+	select {
+	case <-r.exited:
+	default:
+		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-r.exited:
+		case <-time.After(60 * time.Second):
+			_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+			<-r.exited
+		}
+	}
+	r.cmd = nil
+}
+
+func (r *privateRabbit) log() string {
+	data, _ := os.ReadFile(filepath.Join(r.dir, "node.log"))
+	return string(data)
+}
+
+// Issue 26, defect 5, for real: on a RabbitMQ node of the test's own, the
+// consumer declares its queues and stops; an order is published; the node is
+// stopped and started again; the order is still there, and the consumer
+// applies it. (The old consumer's non-durable queue was gone after the
+// restart, and the order with it.)
+func TestOrderSurvivesABrokerRestart(t *testing.T) {
+	server := idempotencytest.Start(t)
+	node := startPrivateRabbit(t)
+	dir := t.TempDir()
+	queue := "orders-restart"
+	args := []string{"-amqp", node.url(), "-queue", queue, "-target", server.Target,
+		"-namespace", "examples/rabbitmq-go/restart", "-ledger", filepath.Join(dir, "ledger"), "-lease", "2s", "-wait", "7s"}
+
+	first := startConsumer(t, dir, 1, args...)
+	waitFor(t, "the consumer to declare its queues", 30*time.Second, first, contains(first, `ready queue=orders-restart$`))
+	first.signal(syscall.SIGTERM)
+
+	b := dialBroker(t, node.url())
+	order := body("o-restart", 4242)
+	b.publish(t, queue, amqp.Publishing{Body: order})
+	b.conn.Close()
+
+	node.stop()
+	node.start()
+
+	second := startConsumer(t, dir, 2, args...)
+	defer func() { t.Logf("consumer:\n%s", strings.Join(second.lines(), "\n")) }()
+	waitFor(t, "the order, after the restart", 30*time.Second, second, contains(second, `done order=o-restart replayed=false wrote=true token=1$`))
+	second.signal(syscall.SIGTERM)
 }

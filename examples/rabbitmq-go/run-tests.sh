@@ -4,10 +4,14 @@
 # a queue of its own, deleted at the end) and an idempotency-service it starts
 # on a free port. Builds in GOPATH mode with Debian's Go packages
 # (golang-github-rabbitmq-amqp091-go-dev for the broker), like clients/go.
-# Run from anywhere.
+# The broker restart test runs a RabbitMQ node of its own (Debian's
+# rabbitmq-server, installed when missing; its own node name, ports and data
+# folder: the machine's broker is never restarted). Run from anywhere.
 #
 #   IDEMPOTENCY_BIN   the server binary (default: target/release/idempotency-service)
 #   RABBITMQ_URL      the broker (default: amqp://guest:guest@127.0.0.1:5672/)
+#   RABBITMQ_SERVER_BIN  the private node's start script (default: Debian's
+#                     /usr/lib/rabbitmq/bin/rabbitmq-server)
 set -euo pipefail
 source "$(dirname "$0")/../../clients/go/lib.sh"
 go_server_bin
@@ -20,7 +24,7 @@ if ! timeout 5 bash -c ": </dev/tcp/$host/$port" 2>/dev/null; then
   exit 1
 fi
 
-go_install_debs golang-github-rabbitmq-amqp091-go-dev
+go_install_debs golang-github-rabbitmq-amqp091-go-dev rabbitmq-server
 go_venv
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -30,4 +34,4 @@ go_gopath "$work"
 ln -sfn "$go_repo/examples/rabbitmq-go" "$work/gopath/src/idempotencyservice/examples-rabbitmq-go"
 cd "$work/gopath/src/idempotencyservice/examples-rabbitmq-go"
 go vet .
-RABBITMQ_URL=$url go test -count=1 -timeout 100s -v .
+RABBITMQ_URL=$url go test -count=1 -timeout 240s -v .
