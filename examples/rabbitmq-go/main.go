@@ -57,10 +57,10 @@ var orderID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // the same, with the reason for each.
 type settings struct {
 	amqpURL, queue, target, namespace, ledgerDir string
-	lease, retention, wait                      time.Duration
-	retryDelays                                 []time.Duration
-	deliveryLimit                               int
-	hold                                        holdPoint
+	lease, retention, wait                       time.Duration
+	retryDelays                                  []time.Duration
+	deliveryLimit                                int
+	hold                                         holdPoint
 }
 
 func main() {

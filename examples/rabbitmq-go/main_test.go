@@ -458,7 +458,6 @@ func consumerArgs(queue, target, namespace, ledgerDir string, extra ...string) [
 		"-retry-delays", testRetryDelaysFlag, "-delivery-limit", testDeliveryLimitArg}, extra...)
 }
 
-
 // serverStats runs the server binary's `stats` on the server's store.
 func serverStats(t *testing.T, server *idempotencytest.Server) string {
 	t.Helper()
