@@ -52,3 +52,39 @@ def test_outside_the_tolerance_is_refused_even_when_genuine():
 def test_a_missing_or_malformed_header_is_a_bad_request(header):
     status, _ = refused(header)
     assert status == 400
+
+
+GENUINE_MAC = sign(BODY, timestamp=NOW).split("v1=")[1]
+
+
+@pytest.mark.parametrize(
+    "header, status",
+    [
+        ("t=\u00b2,v1=00", 400),  # '²'.isdigit() is True, int('²') raises
+        ("t=\u0661\u0662\u0663,v1=00", 400),  # Arabic-Indic digits: int() reads them
+        ("t=1764620000\u00b9,v1=00", 400),
+        ("t=" + "9" * 5000 + ",v1=00", 400),  # int() refuses more than 4300 digits
+        ("t=+1764620000,v1=00", 400),
+        ("t= 1764620000,v1=00", 400),
+        ("t=1764620000\n,v1=00", 401),  # whitespace around a part is stripped: a well-formed t
+        ("t=1e9,v1=00", 400),
+        ("t=,v1=00", 400),
+        (",", 400),
+        ("=", 400),
+        ("t=\x00,v1=\x00", 400),
+        (f"t={NOW},v1=\u00e9", 401),  # non-ASCII: compare_digest raises TypeError on it
+        (f"t={NOW},v1={GENUINE_MAC[:-1]}\u00e9", 401),
+        (f"t={NOW},v1={GENUINE_MAC.upper()}", 401),
+        (f"t={NOW},v1=", 401),
+        (f"t={NOW},v1={GENUINE_MAC}0", 401),
+        (f"t={NOW},v1=\ud800", 401),  # a lone surrogate
+        (f"t={NOW},v1={'a' * 100_000}", 401),
+    ],
+)
+def test_a_malformed_header_is_refused_with_400_or_401_never_another_exception(header, status):
+    try:
+        check(header)
+    except BadSignature as refused_:
+        assert refused_.status == status, refused_.reason
+    else:
+        pytest.fail("accepted")
