@@ -73,6 +73,8 @@ step "Example: RabbitMQ consumer (Python), killed and redelivered"
 bash examples/rabbitmq-python/run-tests.sh
 step "Example: RabbitMQ consumer (Go), killed and redelivered"
 bash examples/rabbitmq-go/run-tests.sh
+step "Example: RabbitMQ consumer in batches (Python, ClaimBatch/CompleteBatch)"
+bash examples/rabbitmq-batch-python/run-tests.sh
 step "Example: NATS JetStream consumer (TypeScript)"
 bash examples/nats-typescript/run-tests.sh
 
