@@ -14,10 +14,18 @@
 //     IN_PROGRESS   another delivery of the same event is being worked on
 //                   (JetStream redelivered it after ack_wait, or the event was
 //                   published twice): nak with a delay of the time left on
-//                   that lease, capped, so the copy comes back later and is
-//                   replayed or taken over.
+//                   that lease, at least the backoff step and at most its
+//                   last, so the copy comes back later and is replayed or
+//                   taken over.
 //     FINGERPRINT_MISMATCH  the event id came back with another body: term
 //                   (never redeliver); the first body's effect stands.
+//
+//   Every nak waits the backoff step of its delivery (nakDelayMs: 1 s, 5 s,
+//   30 s, 2 min, then 5 min by default), and every delivery counts against
+//   the consumer's max_deliver. A message that runs out of deliveries, or is
+//   term()ed, is parked, not lost: JetStream publishes an advisory naming its
+//   stream sequence, which the dead-letter stream keeps (jetstream.ts,
+//   deadletter.ts), and the message itself stays in the stream.
 //
 //   The ack follows Complete, never precedes it. When Complete is refused
 //   (LeaseLost: FAILED_PRECONDITION or NOT_FOUND, because our lease ran out and
@@ -28,6 +36,9 @@
 //   replays (the Complete landed) or takes over once our lease is gone and
 //   rewrites the same row under the next fencing token. When the work throws,
 //   once() Releases the key and the message is nak'ed for a retry.
+//
+//   A body that cannot be read, or whose key cannot be derived, is term()ed
+//   without a Claim: redelivering it cannot help.
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Pool } from "pg";
 import type { Consumer, JsMsg } from "nats";
@@ -56,10 +67,10 @@ export interface OrderEvent {
 
 export function parseEvent(data: Uint8Array): OrderEvent {
   const event = JSON.parse(Buffer.from(data).toString("utf8"));
-  if (typeof event !== "object" || event === null) throw new Error("the body is not a JSON object");
+  if (typeof event !== "object" || event === null || Array.isArray(event)) throw new Error("the body is not a JSON object");
   if (typeof event.event_id !== "string" || event.event_id === "") throw new Error("event_id: a non-empty string is required");
   if (typeof event.account !== "string" || event.account === "") throw new Error("account: a non-empty string is required");
-  if (!Number.isSafeInteger(event.amount_cents)) throw new Error("amount_cents: an integer is required");
+  if (!Number.isSafeInteger(event.amount_cents)) throw new Error("amount_cents: an integer within +-(2^53 - 1) is required");
   if (event.work_ms !== undefined && !(Number.isSafeInteger(event.work_ms) && event.work_ms >= 0)) {
     throw new Error("work_ms: a non-negative integer is required");
   }
@@ -69,6 +80,50 @@ export function parseEvent(data: Uint8Array): OrderEvent {
 /** The key the service dedups on: the event, not the delivery. */
 export function eventKey(eventId: string): string {
   return deriveKey(SOURCE, eventId);
+}
+
+/**
+ * The fingerprint: the canonical JSON (clients/KEYS.md) of the fields the
+ * effect is made of, never of the whole parsed body. Those fields are checked
+ * strings and a safe integer, so it cannot throw; other fields of the body
+ * (metadata, floats, integers beyond 2^53, which canonical JSON refuses) and
+ * their order or spacing neither break it nor make a re-serialised copy look
+ * like another event.
+ */
+export function eventFingerprint(event: OrderEvent): Buffer {
+  return fingerprint({ event_id: event.event_id, account: event.account, amount_cents: event.amount_cents });
+}
+
+/** What handleMessage needs from a body; throws when the body is unusable (the message is then term()ed). */
+export function readMessage(data: Uint8Array): { event: OrderEvent; key: string; fingerprint: Buffer } {
+  const event = parseEvent(data);
+  // deriveKey and fingerprint refuse text that is not valid Unicode (a lone
+  // surrogate from a \ud800 escape): that body is unusable too.
+  return { event, key: eventKey(event.event_id), fingerprint: eventFingerprint(event) };
+}
+
+/**
+ * The nak delays, one per delivery (the last repeats): quick retries for a
+ * blip, then minutes for an outage, never more than 5 min so that a recovered
+ * dependency is used within 5 min. With max_deliver 20 a message that keeps
+ * failing is retried for about 83 min (retryBudgetMs) and then parked.
+ */
+export const DEFAULT_NAK_BACKOFF_MS: readonly number[] = [1_000, 5_000, 30_000, 120_000, 300_000];
+
+/** The nak delay after delivery number `delivery` (1 = the first). */
+export function nakDelayMs(delivery: number, backoffMs: readonly number[] = DEFAULT_NAK_BACKOFF_MS): number {
+  return backoffMs[Math.min(Math.max(delivery, 1), backoffMs.length) - 1];
+}
+
+/**
+ * How long a message that fails every time keeps being retried before
+ * JetStream gives up on it (max_deliver deliveries, each nak'ed after its
+ * step; the advisory follows the last step): the outage it rides out.
+ */
+export function retryBudgetMs(maxDeliver: number, backoffMs: readonly number[] = DEFAULT_NAK_BACKOFF_MS): number {
+  let budget = 0;
+  for (let delivery = 1; delivery <= maxDeliver; delivery++) budget += nakDelayMs(delivery, backoffMs);
+  return budget;
 }
 
 export interface ConsumerSettings {
@@ -86,10 +141,8 @@ export interface ConsumerSettings {
   heartbeat?: boolean;
   /** Call msg.working() with each heartbeat, so JetStream does not redeliver a message being worked on (default true). */
   touchMessage?: boolean;
-  /** The nak delay's cap for a copy that found the key IN_PROGRESS (default 5 s). */
-  inProgressMaxDelayMs?: number;
-  /** The nak delay after a failed attempt or a refused Complete (default 1 s). */
-  retryDelayMs?: number;
+  /** The nak delays by delivery count (DEFAULT_NAK_BACKOFF_MS when unset); see nakDelayMs. */
+  nakBackoffMs?: readonly number[];
 }
 
 /** What the work is: here a sleep of event.work_ms that stops when the lease is lost. */
@@ -132,7 +185,7 @@ export interface Report {
   effect?: { applied: boolean; row_fencing: string };
   /** The result: written (completed) or replayed. */
   receipt?: Receipt;
-  /** in-progress: how long the message was nak'ed for. */
+  /** in-progress, lease-lost, failed: how long the message was nak'ed for. */
   nak_delay_ms?: number;
   /** lease-lost, failed: the error, and the service's error under it (LeaseNotCurrent, KeyNotFound, ...). */
   error?: string;
@@ -164,13 +217,16 @@ export async function handleMessage(msg: JsMsg, ctx: HandlerContext): Promise<Re
   const done = (fields: Omit<Report, keyof typeof base | "ended_at">): Report => ({ ...base, ...fields, ended_at: Date.now() });
 
   let event: OrderEvent;
+  let key: string;
+  let eventFp: Buffer;
   try {
-    event = parseEvent(msg.data);
+    ({ event, key, fingerprint: eventFp } = readMessage(msg.data));
   } catch (error) {
-    msg.term(); // redelivering a malformed body cannot help
+    // Redelivering a body that cannot be read cannot help. No reason string:
+    // nats-server 2.9 takes "+TERM <reason>" for no ack at all and redelivers.
+    msg.term();
     return done({ outcome: "invalid", error: (error as Error).message });
   }
-  const key = eventKey(event.event_id);
   const work = ctx.work ?? simulatedWork;
   const interval = heartbeatIntervalMs(s);
   let fencing: bigint | undefined;
@@ -209,7 +265,7 @@ export async function handleMessage(msg: JsMsg, ctx: HandlerContext): Promise<Re
         }
       },
       {
-        fingerprint: fingerprint(event),
+        fingerprint: eventFp,
         leaseTtlMs: s.leaseTtlMs,
         retentionMs: s.retentionMs,
         onInProgress: "throw",
@@ -220,21 +276,27 @@ export async function handleMessage(msg: JsMsg, ctx: HandlerContext): Promise<Re
     msg.ack(); // only now: the result is stored, every later copy replays it
     return done({ ...attempt(), outcome: result.replayed ? "replayed" : "completed", receipt: result.value });
   } catch (error) {
+    const backoff = s.nakBackoffMs ?? DEFAULT_NAK_BACKOFF_MS;
+    const step = nakDelayMs(msg.info.redeliveryCount, backoff);
     if (error instanceof InProgress) {
-      const delay = Math.max(100, Math.min(error.retryAfterMs, s.inProgressMaxDelayMs ?? 5_000));
+      // Come back when the other lease would have run out, but no sooner
+      // than this delivery's backoff step: a copy waiting on a long piece of
+      // work must not spend its deliveries faster than a failure does.
+      const delay = Math.max(100, Math.min(Math.max(error.retryAfterMs, step), backoff[backoff.length - 1]));
       msg.nak(delay);
       return done({ ...attempt(), outcome: "in-progress", nak_delay_ms: delay });
     }
     if (error instanceof FingerprintMismatch) {
-      msg.term();
+      msg.term(); // parked by the MSG_TERMINATED advisory; see deadletter.ts
       return done({ ...attempt(), outcome: "mismatch", error: error.message });
     }
     const cause = (error as Error).cause;
     const causeName = cause instanceof Error ? cause.name : undefined;
-    msg.nak(s.retryDelayMs ?? 1_000); // never ack what was not completed by this attempt
+    msg.nak(step); // never ack what was not completed by this attempt
     return done({
       ...attempt(),
       outcome: error instanceof LeaseLost ? "lease-lost" : "failed",
+      nak_delay_ms: step,
       error: `${(error as Error).name}: ${(error as Error).message}`,
       cause: causeName,
     });
@@ -290,25 +352,46 @@ export interface JetStreamSettings {
 }
 
 /**
+ * The longest a copy of a message may still be delivered after the first
+ * delivery, without msg.working(): every delivery may wait out its ack_wait
+ * (or the consumer's backoff step) and then its nak delay.
+ */
+export function redeliverySpanMs(js: JetStreamSettings, nakBackoffMs: readonly number[] = DEFAULT_NAK_BACKOFF_MS): number {
+  const waits = js.backoffMs && js.backoffMs.length > 0 ? js.backoffMs : [js.ackWaitMs];
+  let span = 0;
+  for (let i = 0; i < js.maxDeliver; i++) span += waits[Math.min(i, waits.length - 1)] + nakDelayMs(i + 1, nakBackoffMs);
+  return span;
+}
+
+/**
  * What is wrong with a lease and retention for these JetStream settings
  * (empty when nothing): the rules of the README, as code.
  */
-export function checkSettings(js: JetStreamSettings, s: Pick<ConsumerSettings, "leaseTtlMs" | "retentionMs">): string[] {
+export function checkSettings(
+  js: JetStreamSettings,
+  s: Pick<ConsumerSettings, "leaseTtlMs" | "retentionMs" | "nakBackoffMs">,
+): string[] {
   const problems: string[] = [];
   if (s.retentionMs < js.duplicateWindowMs) {
     problems.push(`retention (${s.retentionMs} ms) is shorter than the stream's duplicate_window (${js.duplicateWindowMs} ms)`);
   }
-  // The span over which JetStream may still deliver a copy of a message.
-  const waits = js.backoffMs && js.backoffMs.length > 0 ? js.backoffMs : [js.ackWaitMs];
   if (js.maxDeliver > 0) {
-    let span = 0;
-    for (let i = 0; i < js.maxDeliver; i++) span += waits[Math.min(i, waits.length - 1)];
+    const span = redeliverySpanMs(js, s.nakBackoffMs);
     if (s.retentionMs < span) {
-      problems.push(`retention (${s.retentionMs} ms) is shorter than the redelivery span (max_deliver x ack_wait/backoff = ${span} ms)`);
+      problems.push(`retention (${s.retentionMs} ms) is shorter than the redelivery span (max_deliver x (ack_wait/backoff + nak delay) = ${span} ms)`);
     }
-  } else if (js.maxAgeMs > 0 && s.retentionMs < js.maxAgeMs) {
-    problems.push(`max_deliver is unlimited: retention (${s.retentionMs} ms) should cover the stream's max_age (${js.maxAgeMs} ms)`);
+  } else {
+    problems.push("max_deliver is unlimited: a message that always fails is retried forever and never parked in the dead-letter stream");
+    if (js.maxAgeMs > 0 && s.retentionMs < js.maxAgeMs) {
+      problems.push(`max_deliver is unlimited: retention (${s.retentionMs} ms) should cover the stream's max_age (${js.maxAgeMs} ms)`);
+    }
+  }
+  if (js.maxAgeMs > 0 && js.maxAgeMs < s.retentionMs) {
+    problems.push(`the stream's max_age (${js.maxAgeMs} ms) is shorter than the retention (${s.retentionMs} ms): a parked message may be gone before it is re-driven`);
   }
   if (s.leaseTtlMs < 1_000) problems.push("the service's shortest lease is 1 s");
+  if (s.leaseTtlMs > js.ackWaitMs) {
+    problems.push(`the lease (${s.leaseTtlMs} ms) is longer than ack_wait (${js.ackWaitMs} ms): a dead worker's redelivery finds the key in progress`);
+  }
   return problems;
 }

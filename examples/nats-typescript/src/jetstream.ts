@@ -1,7 +1,16 @@
-// The stream and the durable pull consumer, with the settings the README
-// discusses. Both are created only when missing: an existing stream or
-// consumer is left as it is (change those with the nats CLI or your IaC).
+// The stream, the durable pull consumer and the dead-letter stream, with the
+// settings the README discusses. Each is created only when missing: an
+// existing one is left as it is (change those with the nats CLI or your IaC).
 import { AckPolicy, DeliverPolicy, nanos, type JetStreamManager } from "nats";
+
+/**
+ * The consumer's defaults, the numbers of docs/recipes.md's table: ack_wait
+ * 30 s (the lease is 30 s too: lease <= ack_wait), max_deliver 20 (with the
+ * nak backoff of consumer.ts, about 83 min of retries before a message is
+ * parked).
+ */
+export const DEFAULT_ACK_WAIT_MS = 30_000;
+export const DEFAULT_MAX_DELIVER = 20;
 
 export interface StreamOptions {
   name: string;
@@ -53,9 +62,32 @@ export async function ensureConsumer(jsm: JetStreamManager, stream: string, opti
     filter_subject: options.filterSubject,
     ack_policy: AckPolicy.Explicit,
     deliver_policy: DeliverPolicy.All,
-    ack_wait: nanos(options.ackWaitMs ?? 30_000),
-    max_deliver: options.maxDeliver ?? 20,
+    ack_wait: nanos(options.ackWaitMs ?? DEFAULT_ACK_WAIT_MS),
+    max_deliver: options.maxDeliver ?? DEFAULT_MAX_DELIVER,
     backoff: options.backoffMs?.map((ms) => nanos(ms)),
     max_ack_pending: options.maxAckPending ?? 1_000,
   });
+}
+
+/** The advisories JetStream publishes when it gives up on a message of `stream`, for any consumer. */
+export function deadLetterSubjects(stream: string): string[] {
+  return [
+    // the message ran out of deliveries (max_deliver): a failure that outlasted the retry budget
+    `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.*`,
+    // a consumer term()ed it: a body it cannot read, or another body under a completed event id
+    `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.${stream}.*`,
+  ];
+}
+
+/**
+ * The dead-letter stream: it keeps every advisory of a message that JetStream
+ * stopped delivering (stream sequence, consumer, deliveries), so that nothing
+ * is dropped silently. The advisory names the message; the message itself
+ * stays in `stream` (keep the stream's max_age longer than the time you allow
+ * for a re-drive). Advisories are plain NATS messages: a stream captures them
+ * even while no dead-letter tool runs.
+ */
+export async function ensureDeadLetterStream(jsm: JetStreamManager, options: { name: string; stream: string }): Promise<void> {
+  if (await exists(() => jsm.streams.info(options.name))) return;
+  await jsm.streams.add({ name: options.name, subjects: deadLetterSubjects(options.stream) });
 }

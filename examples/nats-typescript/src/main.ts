@@ -15,13 +15,14 @@
 //   RETENTION_MS          default 604800000 (7 days)
 //   HEARTBEAT             1 (default) or 0
 //   TOUCH_MESSAGE         1 (default): msg.working() with each heartbeat; 0: let ack_wait expire (to show redelivery)
-//   IN_PROGRESS_MAX_DELAY_MS  default 5000
+//   NAK_BACKOFF_MS        the nak delay per delivery, comma-separated, the last repeating
+//                         (default 1000,5000,30000,120000,300000; see nakDelayMs in consumer.ts)
 import { hostname } from "node:os";
 import { connect, millis } from "nats";
 import { Pool } from "pg";
 import { IdempotencyClient } from "idempotency-client";
 import { ensureLedger } from "./ledger";
-import { checkSettings, runWorker, type ConsumerSettings } from "./consumer";
+import { checkSettings, DEFAULT_NAK_BACKOFF_MS, runWorker, type ConsumerSettings } from "./consumer";
 
 function env(name: string, fallback?: string): string {
   const value = process.env[name];
@@ -35,6 +36,15 @@ function intEnv(name: string, fallback: number): number {
   const value = Number(text);
   if (!Number.isSafeInteger(value)) throw new Error(`${name}: an integer is required, got ${text}`);
   return value;
+}
+
+function backoffEnv(name: string, fallback: readonly number[]): number[] {
+  const text = env(name, fallback.join(","));
+  const steps = text.split(",").map((step) => Number(step.trim()));
+  if (steps.length === 0 || !steps.every((step) => Number.isSafeInteger(step) && step > 0)) {
+    throw new Error(`${name}: positive integers (ms), comma-separated, are required, got ${text}`);
+  }
+  return steps;
 }
 
 async function main(): Promise<void> {
@@ -55,7 +65,7 @@ async function main(): Promise<void> {
     ackWaitMs: millis(info.config.ack_wait ?? 30_000_000_000),
     heartbeat: env("HEARTBEAT", "1") !== "0",
     touchMessage: env("TOUCH_MESSAGE", "1") !== "0",
-    inProgressMaxDelayMs: intEnv("IN_PROGRESS_MAX_DELAY_MS", 5_000),
+    nakBackoffMs: backoffEnv("NAK_BACKOFF_MS", DEFAULT_NAK_BACKOFF_MS),
   };
   for (const problem of checkSettings(
     {
@@ -73,7 +83,11 @@ async function main(): Promise<void> {
   const token = process.env.IDEMPOTENCY_TOKEN || undefined;
   const client = new IdempotencyClient(env("IDEMPOTENCY_TARGET", "127.0.0.1:50051"), { token });
   const concurrency = intEnv("CONCURRENCY", 4);
-  const pool = new Pool({ connectionString: env("LEDGER_DATABASE_URL"), max: concurrency });
+  const pool = new Pool({ connectionString: env("LEDGER_DATABASE_URL"), max: concurrency, application_name: settings.worker });
+  // An idle connection that breaks (the ledger restarts, fails over) is an
+  // 'error' event on the pool, which would otherwise end the process. The
+  // next query opens a new one; a query that fails naks its message.
+  pool.on("error", (error) => console.error(`${settings.worker}: ledger connection lost: ${error.message}`));
   await ensureLedger(pool);
 
   const worker = runWorker(consumer, { client, pool, settings }, {

@@ -17,21 +17,16 @@
 //      refused (FAILED_PRECONDITION: LeaseNotCurrent); it never acks.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { join } from "node:path";
-import { setTimeout as sleep } from "node:timers/promises";
-import { promisify } from "node:util";
 import { connect, type JetStreamClient, type JetStreamManager, type NatsConnection } from "nats";
-import { Client as PgClient, Pool } from "pg";
-import { fingerprint, IdempotencyClient, type Lease } from "idempotency-client";
+import { Pool } from "pg";
+import { IdempotencyClient, type Lease } from "idempotency-client";
 import { startServer, type RunningServer } from "idempotency-client/dist/src/testing";
 import { ensureLedger, type Receipt } from "../src/ledger";
 import { ensureConsumer, ensureStream } from "../src/jetstream";
-import { checkSettings, eventKey, runWorker, type ConsumerSettings, type OrderEvent, type Report } from "../src/consumer";
+import { adminQuery, ConsumerProcess, NATS_URL, POSTGRES, program, waitFor } from "./support";
+import { checkSettings, eventFingerprint, eventKey, runWorker, type ConsumerSettings, type OrderEvent, type Report } from "../src/consumer";
 
-const NATS_URL = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
-const POSTGRES = (process.env.LEDGER_POSTGRES ?? "postgres://postgres@127.0.0.1:5432").replace(/\/+$/, "");
 const NAMESPACE = "orders-ledger";
 const RETENTION_MS = 10 * 60 * 1000;
 
@@ -44,35 +39,8 @@ let pool: Pool;
 let ledgerDb: string;
 let stream: string;
 
-async function adminQuery(sql: string): Promise<void> {
-  const admin = new PgClient({ connectionString: `${POSTGRES}/postgres` });
-  await admin.connect();
-  try {
-    await admin.query(sql);
-  } finally {
-    await admin.end();
-  }
-}
-
-async function waitFor(what: string, condition: () => boolean | Promise<boolean>, timeoutMs: number, details = () => ""): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await condition())) {
-    if (Date.now() > deadline) assert.fail(`timed out after ${timeoutMs} ms waiting for ${what}\n${details()}`);
-    await sleep(50);
-  }
-}
-
 async function addConsumer(name: string, subject: string, ackWaitMs: number, maxDeliver: number): Promise<void> {
   await ensureConsumer(jsm, stream, { durable: name, filterSubject: `${stream}.${subject}`, ackWaitMs, maxDeliver });
-}
-
-/** Run one of the example's programs (dist/src/NAME.js) to its end; its stdout. */
-async function program(name: string, args: string[], env: Record<string, string> = {}): Promise<string> {
-  const { stdout } = await promisify(execFile)(process.execPath, [join(__dirname, "..", "src", `${name}.js`), ...args], {
-    env: { ...process.env, NATS_URL, ...env },
-    timeout: 30_000,
-  });
-  return stdout;
 }
 
 /** Every message of the consumer acked or term'ed, none waiting. */
@@ -108,7 +76,7 @@ function receiptOf(row: LedgerRow): Receipt {
 
 /** What the service replays for the event now: a new Claim must find it COMPLETED with this receipt. */
 async function replayed(event: OrderEvent): Promise<Receipt> {
-  const claim = await client.claim(NAMESPACE, eventKey(event.event_id), { fingerprint: fingerprint(event) });
+  const claim = await client.claim(NAMESPACE, eventKey(event.event_id), { fingerprint: eventFingerprint(event) });
   assert.equal(claim.outcome, "COMPLETED", `${event.event_id}: a new Claim should replay`);
   return JSON.parse((claim as { response: Buffer }).response.toString("utf8"));
 }
@@ -120,57 +88,9 @@ function settings(worker: string, overrides: Partial<ConsumerSettings> = {}): Co
     leaseTtlMs: 3_000,
     retentionMs: RETENTION_MS,
     ackWaitMs: 1_500,
-    inProgressMaxDelayMs: 1_000,
-    retryDelayMs: 300,
+    nakBackoffMs: [300, 1_000],
     ...overrides,
   };
-}
-
-/** A consumer process (dist/src/main.js) with its JSON-lines log parsed as it comes. */
-class ConsumerProcess {
-  readonly reports: Report[] = [];
-  private readonly child: ChildProcess;
-  private stderr = "";
-  private ready = false;
-  private readonly exited: Promise<number | null>;
-
-  constructor(readonly worker: string, env: Record<string, string>) {
-    this.child = spawn(process.execPath, [join(__dirname, "..", "src", "main.js")], {
-      env: { ...process.env, ...env, WORKER: worker },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    this.exited = new Promise((resolve) => this.child.once("exit", (code) => resolve(code)));
-    let pending = "";
-    this.child.stdout!.on("data", (chunk: Buffer) => {
-      pending += chunk.toString("utf8");
-      let newline: number;
-      while ((newline = pending.indexOf("\n")) >= 0) {
-        const line = JSON.parse(pending.slice(0, newline));
-        pending = pending.slice(newline + 1);
-        if (line.ready) this.ready = true;
-        else this.reports.push(line as Report);
-      }
-    });
-    this.child.stderr!.on("data", (chunk: Buffer) => (this.stderr += chunk.toString("utf8")));
-  }
-
-  async waitReady(): Promise<void> {
-    await waitFor(`${this.worker} ready`, () => this.ready || this.child.exitCode !== null, 30_000);
-    assert.ok(this.ready, `${this.worker} exited before it was ready:\n${this.stderr}`);
-  }
-
-  log(): string {
-    return `--- ${this.worker} stderr ---\n${this.stderr}`;
-  }
-
-  async stop(): Promise<number | null> {
-    if (this.child.exitCode === null) this.child.kill("SIGTERM");
-    return this.exited;
-  }
-
-  kill(): void {
-    if (this.child.exitCode === null) this.child.kill("SIGKILL");
-  }
 }
 
 before(async () => {
@@ -198,6 +118,7 @@ after(async () => {
     }
   };
   if (jsm) await attempt(() => jsm.streams.delete(stream));
+  if (jsm) await attempt(() => jsm.streams.delete(`${stream}_DEADLETTER`)); // made by setup.js
   if (nc) await attempt(() => nc.close());
   if (pool) await attempt(() => pool.end());
   if (ledgerDb) await attempt(() => adminQuery(`DROP DATABASE IF EXISTS ${ledgerDb} WITH (FORCE)`));
@@ -212,7 +133,7 @@ test("checkSettings: retention against the duplicate window and the redelivery s
   assert.match(checkSettings(jsSettings, { leaseTtlMs: 30_000, retentionMs: 60_000 }).join("\n"), /duplicate_window/);
   assert.match(
     checkSettings({ ...jsSettings, backoffMs: [1_000, 60_000, 600_000] }, { leaseTtlMs: 30_000, retentionMs: 3600_000 }).join("\n"),
-    /redelivery span .* 4861000 ms/,
+    /redelivery span .* 6817000 ms/, // 4861 s of ack waits and backoff, 1956 s of naks
   );
   assert.match(
     checkSettings({ ...jsSettings, maxDeliver: -1, maxAgeMs: 7 * 24 * 3600_000 }, { leaseTtlMs: 30_000, retentionMs: 24 * 3600_000 }).join("\n"),
@@ -258,7 +179,7 @@ test("redelivered while the first attempt works: IN_PROGRESS, then one effect pe
     LEASE_MS: "3000",
     RETENTION_MS: String(RETENTION_MS),
     TOUCH_MESSAGE: "0", // let ack_wait run out while the slow events are worked on
-    IN_PROGRESS_MAX_DELAY_MS: "1000",
+    NAK_BACKOFF_MS: "300,1000", // an in-progress copy comes back within 1 s
   };
   const consumers = [new ConsumerProcess("w1", env), new ConsumerProcess("w2", env)];
   const logs = () => consumers.map((c) => c.log()).join("\n");

@@ -1,0 +1,275 @@
+// What happens when a message cannot be processed, against the real thing
+// (the service's binary, NATS JetStream, PostgreSQL), through the example's
+// programs as the README runs them (setup.js, main.js, redrive.js):
+//
+//   1. The ledger is down for longer than the retry budget (max_deliver 3,
+//      naks after 200 and 400 ms): the deliveries are nak'ed with growing
+//      delays, then JetStream gives up and the message is parked in the
+//      dead-letter stream, not lost; redrive.js puts it back once the ledger
+//      is up, and it is applied once.
+//   2. Bodies: floats and integers beyond 2^53 in fields the effect does not
+//      use are processed (and a re-serialised copy is replayed); bodies that
+//      cannot be read (bad JSON, a lone surrogate in the id, an amount beyond
+//      2^53) and another body under a completed id are term()ed at once and
+//      parked; the worker keeps running.
+//   3. The defaults are docs/recipes.md's numbers.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { connect, type JetStreamClient, type JetStreamManager, type NatsConnection } from "nats";
+import { Pool } from "pg";
+import { IdempotencyClient } from "idempotency-client";
+import { startServer, type RunningServer } from "idempotency-client/dist/src/testing";
+import { ensureLedger, type Receipt } from "../src/ledger";
+import { DEFAULT_ACK_WAIT_MS, DEFAULT_MAX_DELIVER, ensureStream } from "../src/jetstream";
+import {
+  checkSettings,
+  DEFAULT_NAK_BACKOFF_MS,
+  eventFingerprint,
+  eventKey,
+  nakDelayMs,
+  retryBudgetMs,
+  type OrderEvent,
+  type Report,
+} from "../src/consumer";
+import { adminQuery, ConsumerProcess, NATS_URL, POSTGRES, program, waitFor } from "./support";
+
+const NAMESPACE = "orders-ledger";
+const RETENTION_MS = 10 * 60 * 1000;
+
+let server: RunningServer;
+let client: IdempotencyClient;
+let nc: NatsConnection;
+let jsm: JetStreamManager;
+let js: JetStreamClient;
+let pool: Pool;
+let ledgerDb: string;
+let suffix: string;
+const streams: string[] = [];
+
+before(async () => {
+  server = await startServer();
+  client = new IdempotencyClient(server.target);
+  suffix = randomBytes(6).toString("hex");
+  ledgerDb = `nats_example_${suffix}`;
+  await adminQuery(`CREATE DATABASE ${ledgerDb}`);
+  pool = new Pool({ connectionString: `${POSTGRES}/${ledgerDb}`, max: 2 });
+  pool.on("error", () => undefined); // an idle connection cut during the outage test
+  await ensureLedger(pool);
+  nc = await connect({ servers: NATS_URL, name: "nats-typescript-example-test-retries" });
+  jsm = await nc.jetstreamManager();
+  js = nc.jetstream();
+});
+
+after(async () => {
+  const errors: unknown[] = [];
+  const attempt = async (step: () => Promise<unknown> | unknown) => {
+    try {
+      await step();
+    } catch (error) {
+      errors.push(error);
+    }
+  };
+  for (const name of streams) {
+    await attempt(() => jsm.streams.delete(name));
+    await attempt(() => jsm.streams.delete(`${name}_DEADLETTER`));
+  }
+  if (nc) await attempt(() => nc.close());
+  if (pool) await attempt(() => pool.end());
+  if (ledgerDb) await attempt(() => adminQuery(`DROP DATABASE IF EXISTS ${ledgerDb} WITH (FORCE)`));
+  if (client) client.close();
+  if (server) await attempt(() => server.stop());
+  if (errors.length > 0) throw errors[0];
+});
+
+/** A stream of this test's own, made the README's way: setup.js (stream, consumer, dead-letter stream). */
+async function setUp(tag: string, consumer: string, env: Record<string, string>): Promise<string> {
+  const stream = `IDEMPOTENCY_EXAMPLE_${suffix.toUpperCase()}_${tag}`;
+  streams.push(stream);
+  await ensureStream(jsm, { name: stream, subjects: [`${stream}.>`] });
+  const out = await program("setup", [], { STREAM: stream, CONSUMER: consumer, FILTER_SUBJECT: `${stream}.${consumer}`, ...env });
+  assert.match(out, new RegExp(`consumer ${consumer}: .* dead letters ${stream}_DEADLETTER`));
+  return stream;
+}
+
+function consumerEnv(stream: string, consumer: string): Record<string, string> {
+  return {
+    STREAM: stream,
+    CONSUMER: consumer,
+    IDEMPOTENCY_TARGET: server.target,
+    LEDGER_DATABASE_URL: `${POSTGRES}/${ledgerDb}`,
+    NAMESPACE,
+    CONCURRENCY: "1",
+    LEASE_MS: "5000",
+    RETENTION_MS: String(RETENTION_MS),
+    NAK_BACKOFF_MS: "200,400",
+  };
+}
+
+async function drained(stream: string, consumer: string): Promise<boolean> {
+  const info = await jsm.consumers.info(stream, consumer);
+  return info.num_pending === 0 && info.num_ack_pending === 0;
+}
+
+async function ledgerRow(eventId: string): Promise<Receipt | undefined> {
+  const result = await pool.query(
+    "SELECT event_id, account, amount_cents::text, fencing::text, applied_by FROM ledger WHERE event_id = $1",
+    [eventId],
+  );
+  assert.ok(result.rowCount! <= 1);
+  return result.rows[0] && { ...result.rows[0], amount_cents: Number(result.rows[0].amount_cents) };
+}
+
+async function replayed(event: OrderEvent): Promise<Receipt> {
+  const claim = await client.claim(NAMESPACE, eventKey(event.event_id), { fingerprint: eventFingerprint(event) });
+  assert.equal(claim.outcome, "COMPLETED", `${event.event_id}: a new Claim should replay`);
+  return JSON.parse((claim as { response: Buffer }).response.toString("utf8"));
+}
+
+/** redrive.js's lines: the parked messages of `stream` (and, with an argument, what it re-drove). */
+async function redrive(stream: string, which?: string): Promise<Record<string, unknown>[]> {
+  const out = await program("redrive", which ? [which] : [], { STREAM: stream });
+  return out.split("\n").filter((line) => line.trim() !== "").map((line) => JSON.parse(line));
+}
+
+test("a ledger outage longer than the retry budget ends parked in the dead-letter stream, and is applied once after a re-drive", async () => {
+  const stream = await setUp("OUTAGE", "outage", { ACK_WAIT_MS: "5000", MAX_DELIVER: "3" });
+  const deadLetters = `${stream}_DEADLETTER`;
+  const consumer = new ConsumerProcess("o1", consumerEnv(stream, "outage"));
+  let ledgerDown = false;
+  try {
+    await consumer.waitReady();
+    // The ledger goes away: no new connections, and the open ones (the
+    // consumer's, idle in its pool since start-up, and this test's) cut.
+    await adminQuery(`ALTER DATABASE ${ledgerDb} ALLOW_CONNECTIONS false`);
+    ledgerDown = true;
+    await adminQuery(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '${ledgerDb}'`);
+
+    const event: OrderEvent = { event_id: "outage-1", account: "acct-o", amount_cents: 4242 };
+    const published = await js.publish(`${stream}.outage`, Buffer.from(JSON.stringify(event)));
+    await waitFor(
+      "the message parked in the dead-letter stream",
+      async () => (await jsm.streams.info(deadLetters)).state.messages === 1,
+      30_000,
+      () => `${JSON.stringify(consumer.reports)}\n${consumer.log()}`,
+    );
+    assert.equal(consumer.exitCode(), null, `the consumer survived the outage\n${consumer.log()}`);
+
+    // Three deliveries, each failed and nak'ed after its backoff step.
+    const attempts = consumer.reports.filter((r) => r.event_id === "outage-1");
+    assert.deepEqual(
+      attempts.map((r) => [r.outcome, r.stream_seq, r.delivery, r.nak_delay_ms]),
+      [
+        ["failed", published.seq, 1, 200],
+        ["failed", published.seq, 2, 400],
+        ["failed", published.seq, 3, 400],
+      ],
+      consumer.log(),
+    );
+    for (const r of attempts) assert.match(r.error!, /not currently accepting connections/);
+    // JetStream delivers it no more; the service holds it released (each
+    // failed attempt gave the key back), and nothing was written.
+    assert.ok(await drained(stream, "outage"));
+    const record = await client.get(NAMESPACE, eventKey("outage-1"));
+    assert.deepEqual([record.state, record.fencingToken], ["RELEASED", 3n]);
+
+    // Parked, not lost: the advisory names the message, which the stream still holds.
+    const [parked, ...more] = await redrive(stream);
+    assert.deepEqual(more, []);
+    assert.deepEqual(
+      { reason: parked.reason, consumer: parked.consumer, stream_seq: parked.stream_seq, deliveries: parked.deliveries, subject: parked.subject, body: parked.body },
+      { reason: "max_deliveries", consumer: "outage", stream_seq: published.seq, deliveries: 3, subject: `${stream}.outage`, body: JSON.stringify(event) },
+    );
+
+    // The ledger is back; the operator re-drives; the event is applied once.
+    await adminQuery(`ALTER DATABASE ${ledgerDb} ALLOW_CONNECTIONS true`);
+    ledgerDown = false;
+    assert.equal(await ledgerRow("outage-1"), undefined, "nothing was written during the outage");
+    const [redriven] = await redrive(stream, "max_deliveries");
+    const newSeq = redriven.redriven_as as number;
+    assert.ok(newSeq > published.seq);
+    await waitFor(
+      "the re-driven message completed",
+      async () => consumer.reports.some((r) => r.stream_seq === newSeq && r.outcome === "completed") && (await drained(stream, "outage")),
+      20_000,
+      () => `${JSON.stringify(consumer.reports)}\n${consumer.log()}`,
+    );
+    const row = await ledgerRow("outage-1");
+    assert.deepEqual(row, { event_id: "outage-1", account: "acct-o", amount_cents: 4242, fencing: "4", applied_by: "o1" });
+    assert.deepEqual(await replayed(event), row);
+    assert.equal((await jsm.streams.info(deadLetters)).state.messages, 0, "the re-drive removed the advisory");
+    assert.equal(await consumer.stop(), 0, consumer.log());
+  } finally {
+    if (ledgerDown) await adminQuery(`ALTER DATABASE ${ledgerDb} ALLOW_CONNECTIONS true`);
+    consumer.kill();
+  }
+});
+
+test("bodies: floats and big integers are processed, unreadable bodies and another body are term()ed and parked", async () => {
+  const stream = await setUp("BODIES", "bodies", { MAX_DELIVER: "3" });
+  const consumer = new ConsumerProcess("b1", consumerEnv(stream, "bodies"));
+  const bodies: [string, string][] = [
+    // fields the effect does not use: a float, integers beyond 2^53, a nested float
+    ["completed", '{"event_id":"body-1","account":"acct-b","amount_cents":1250,"rate":0.075,"ref":12345678901234567890,"meta":{"x":1.5e300,"big":-9007199254740993}}'],
+    // the same event, re-serialised: other order, other spacing, a field less
+    ["replayed", '{ "ref": 12345678901234567890, "amount_cents": 1250, "account": "acct-b", "event_id": "body-1" }'],
+    // the same id, another amount
+    ["mismatch", '{"event_id":"body-1","account":"acct-b","amount_cents":1251}'],
+    ["invalid", '{"event_id":"\\ud800","account":"acct-b","amount_cents":1}'],
+    ["invalid", '{"event_id":"body-5","account":"acct-b","amount_cents":9007199254740993}'],
+    ["invalid", "not json"],
+    ["completed", '{"event_id":"body-7","account":"acct-b","amount_cents":700}'],
+  ];
+  try {
+    await consumer.waitReady();
+    const seqs: number[] = [];
+    for (const [, body] of bodies) seqs.push((await js.publish(`${stream}.bodies`, Buffer.from(body))).seq);
+    await waitFor(
+      "every body handled and the consumer drained",
+      async () => consumer.reports.length >= bodies.length && (await drained(stream, "bodies")),
+      30_000,
+      () => `${JSON.stringify(consumer.reports)}\n${consumer.log()}`,
+    );
+    assert.equal(consumer.exitCode(), null, `the consumer keeps running\n${consumer.log()}`);
+    const reports: Report[] = consumer.reports;
+    // One delivery each, in order (one loop): nothing was nak'ed.
+    assert.deepEqual(
+      reports.map((r) => [r.stream_seq, r.delivery, r.outcome]),
+      bodies.map(([outcome], i) => [seqs[i], 1, outcome]),
+      JSON.stringify(reports, null, 1),
+    );
+    assert.match(reports[3].error!, /string|surrogate|Unicode/i);
+    assert.match(reports[4].error!, /amount_cents/);
+
+    const row1 = await ledgerRow("body-1");
+    assert.deepEqual(row1, { event_id: "body-1", account: "acct-b", amount_cents: 1250, fencing: "1", applied_by: "b1" });
+    assert.deepEqual(reports[1].receipt, row1, "the re-serialised copy replayed the row");
+    assert.deepEqual(await replayed({ event_id: "body-1", account: "acct-b", amount_cents: 1250 }), row1);
+    assert.equal((await ledgerRow("body-7"))?.amount_cents, 700);
+    assert.equal(await ledgerRow("body-5"), undefined);
+
+    // The four term()ed messages are parked, each after its one delivery.
+    const parked = await redrive(stream);
+    assert.deepEqual(
+      parked.map((p) => [p.reason, p.stream_seq, p.deliveries, p.body]),
+      [2, 3, 4, 5].map((i) => ["terminated", seqs[i], 1, bodies[i][1]]),
+    );
+    assert.equal(await consumer.stop(), 0, consumer.log());
+  } finally {
+    consumer.kill();
+  }
+});
+
+test("the defaults are docs/recipes.md's numbers, and agree with each other", () => {
+  assert.equal(DEFAULT_ACK_WAIT_MS, 30_000);
+  assert.equal(DEFAULT_MAX_DELIVER, 20);
+  assert.deepEqual(DEFAULT_NAK_BACKOFF_MS, [1_000, 5_000, 30_000, 120_000, 300_000]);
+  assert.deepEqual([1, 2, 5, 6, 20].map((n) => nakDelayMs(n)), [1_000, 5_000, 300_000, 300_000, 300_000]);
+  // The retry budget: about 83 minutes of failures before a message is parked.
+  assert.equal(retryBudgetMs(DEFAULT_MAX_DELIVER), 4_956_000);
+  // main.js's defaults (lease 30 s, retention 7 days) pass the checks against them.
+  const jetstream = { ackWaitMs: DEFAULT_ACK_WAIT_MS, maxDeliver: DEFAULT_MAX_DELIVER, duplicateWindowMs: 120_000, maxAgeMs: 0 };
+  assert.deepEqual(checkSettings(jetstream, { leaseTtlMs: 30_000, retentionMs: 7 * 24 * 3600_000 }), []);
+  assert.match(checkSettings({ ...jetstream, maxDeliver: -1 }, { leaseTtlMs: 30_000, retentionMs: 7 * 24 * 3600_000 }).join("\n"), /never parked/);
+  assert.match(checkSettings(jetstream, { leaseTtlMs: 60_000, retentionMs: 7 * 24 * 3600_000 }).join("\n"), /longer than ack_wait/);
+});
