@@ -58,6 +58,8 @@ CONFIG_ENV = {
     "IDEMPOTENCY_MAX_RETENTION": "30days",
     "IDEMPOTENCY_MAX_RESPONSE_BYTES": "1048576",
     "IDEMPOTENCY_MAX_CHECKPOINT_BYTES": "65536",
+    "IDEMPOTENCY_MAX_WAIT": "30s",
+    "IDEMPOTENCY_MAX_WAITERS": "512",
     "IDEMPOTENCY_REAPER_INTERVAL": "60s",
     "IDEMPOTENCY_REAPER_BATCH_SIZE": "1000",
     "IDEMPOTENCY_DB_POOL_SIZE": "16",
@@ -287,6 +289,14 @@ def test_a_longer_drain_lengthens_the_termination_grace_with_it():
     assert pod["terminationGracePeriodSeconds"] == 75
     assert plain_env(server(docs))["IDEMPOTENCY_SHUTDOWN_TIMEOUT"] == "60s"
     assert server(docs)["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+
+
+def test_a_longer_wait_leaves_the_termination_grace_alone():
+    # Waiting Claims answer at once at SIGTERM (OUTCOME_IN_PROGRESS), so a
+    # wait never holds the drain: the grace follows the drain, not the wait.
+    docs = render("--set", "config.maxWait=10m")
+    assert plain_env(server(docs))["IDEMPOTENCY_MAX_WAIT"] == "10m"
+    assert pod_spec(docs)["terminationGracePeriodSeconds"] == 40
 
 
 def test_server_container_runs_with_the_restricted_security_context():
@@ -904,6 +914,39 @@ def test_limits_reach_the_server_only():
     assert not set(LIMITS_ENV) & set(env_of(migrate_container(all_on())))
 
 
+def test_the_wait_settings_reach_server_and_migration_job():
+    for container in (server(all_on()), migrate_container(all_on())):
+        env = plain_env(container)
+        assert env["IDEMPOTENCY_MAX_WAIT"] == "20s"
+        assert env["IDEMPOTENCY_MAX_WAITERS"] == "1000"
+
+
+def test_waiters_just_below_the_concurrent_calls_render():
+    docs = render("--set", "config.maxWaiters=1023")
+    env = plain_env(server(docs))
+    assert (env["IDEMPOTENCY_MAX_WAITERS"], env["IDEMPOTENCY_MAX_CONCURRENT_CALLS"]) == ("1023", "1024")
+    docs = render("--set", "config.maxWaiters=0", "--set", "limits.maxConcurrentCalls=1")
+    assert plain_env(server(docs))["IDEMPOTENCY_MAX_WAITERS"] == "0"
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            ("--set", "config.maxWaiters=1024"),
+            "config.maxWaiters (1024) must be below limits.maxConcurrentCalls (1024)",
+        ),
+        (
+            ("--set", "limits.maxConcurrentCalls=100"),
+            "config.maxWaiters (512) must be below limits.maxConcurrentCalls (100)",
+        ),
+    ],
+)
+def test_waiters_not_below_the_concurrent_calls_fail_the_render(settings, message):
+    # The server would refuse to start: each waiting Claim is a call in flight.
+    assert message in render_fails(*settings)
+
+
 @pytest.mark.parametrize(
     "setting, message",
     [
@@ -928,6 +971,8 @@ def test_the_schema_rejects_limits_that_cannot_work(setting, message):
         ("config.logFormat=yaml", "/config/logFormat"),
         ("config.defaultLeaseTtl=soon", "/config/defaultLeaseTtl"),
         ("config.recordsGaugeInterval=hourly", "/config/recordsGaugeInterval"),
+        ("config.maxWait=forever", "/config/maxWait"),
+        ("config.maxWaiters=-1", "/config/maxWaiters"),
         ("config.metricsNamespaces={a,b,a}", "/config/metricsNamespaces"),
         ("config.metricsNamespaces={a\\,b}", "/config/metricsNamespaces/0"),
         ("config.metricsNamespaces={" + ",".join(f"n{i}" for i in range(101)) + "}", "/config/metricsNamespaces"),

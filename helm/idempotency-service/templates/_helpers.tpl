@@ -114,6 +114,10 @@ the server refuses both variables at once, so DATABASE_URL is then not set.
   value: {{ .maxResponseBytes | int64 | quote }}
 - name: IDEMPOTENCY_MAX_CHECKPOINT_BYTES
   value: {{ .maxCheckpointBytes | int64 | quote }}
+- name: IDEMPOTENCY_MAX_WAIT
+  value: {{ .maxWait | quote }}
+- name: IDEMPOTENCY_MAX_WAITERS
+  value: {{ .maxWaiters | int64 | quote }}
 - name: IDEMPOTENCY_REAPER_INTERVAL
   value: {{ .reaperInterval | quote }}
 - name: IDEMPOTENCY_REAPER_BATCH_SIZE
@@ -219,6 +223,10 @@ what to change, rather than deploying something other than what was asked.
 {{- if regexMatch "idem_[0-9a-f]{64}" .content }}
 {{- fail "policy.content holds what looks like a bearer token (idem_...): put only its hash in the policy (token_hashes = [\"sha256:...\"], printed by `idempotency-service token` or `idempotency-service token --hash`)" }}
 {{- end }}
+{{- end }}
+{{- /* The server refuses to start otherwise: each waiting Claim holds a call slot. */}}
+{{- if ge (int64 .Values.config.maxWaiters) (int64 .Values.limits.maxConcurrentCalls) }}
+{{- fail (printf "config.maxWaiters (%d) must be below limits.maxConcurrentCalls (%d): each waiting Claim is a call in flight, and the server refuses to start otherwise" (int64 .Values.config.maxWaiters) (int64 .Values.limits.maxConcurrentCalls)) }}
 {{- end }}
 {{- $ports := list (int .Values.grpc.port) }}
 {{- if .Values.metrics.enabled }}{{ $ports = append $ports (int .Values.metrics.port) }}{{ end }}
