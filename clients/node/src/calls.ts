@@ -5,6 +5,7 @@
 // not on client.ts: client.ts uses once.ts (client.once() runs runOnce), and
 // the dependency goes that one way.
 import type { ClaimResult, CompleteResult, ExtendLeaseResult } from "./types";
+import type { ServerWaits } from "./waiting";
 
 /**
  * How a call is retried after UNAVAILABLE, RESOURCE_EXHAUSTED or
@@ -54,6 +55,17 @@ export interface ClaimOptions extends CallOptions {
    * same lease back (`retried: true`).
    */
   leaseToken?: string;
+  /**
+   * When another holder has a live lease, wait for it on the server (up to
+   * this many milliseconds) instead of answering IN_PROGRESS at once:
+   * COMPLETED with its result when it completes, CLAIMED when it releases or
+   * its lease runs out and this Claim takes the key, IN_PROGRESS when the wait
+   * runs out. The wait ends before the call's timeout (with time left for the
+   * answer), and perAttemptTimeoutMs does not cut it short. The result's
+   * `waitedMs` says how long the server waited; null when the server predates
+   * waiting (it ignored the request). Omitted or 0: no waiting.
+   */
+  waitMs?: number;
 }
 
 export interface ReleaseOptions extends CallOptions {
@@ -87,6 +99,8 @@ export interface PurgeOptions extends CallOptions {
 export interface LeaseCalls {
   readonly timeoutMs: number;
   readonly logger: Logger;
+  /** What Claims that asked to wait have shown of the servers: once() polls while they ignore `wait`. */
+  readonly waitSupport: ServerWaits;
   claim(namespace: string, key: string, options?: ClaimOptions): Promise<ClaimResult>;
   complete(
     namespace: string,

@@ -19,6 +19,7 @@ import type {
 } from "./calls";
 import { fromServiceError } from "./errors";
 import { runOnce, type OnceOptions, type OnceResult, type Lease } from "./once";
+import { MIN_WAIT_MS, ServerWaits, WAIT_HEADROOM_MS, waitWithin } from "./waiting";
 import {
   claimResult,
   completeItemResult,
@@ -222,6 +223,8 @@ export class IdempotencyClient implements LeaseCalls {
   readonly timeoutMs: number;
   readonly retry: Readonly<RetryPolicy>;
   readonly logger: Logger;
+  /** What Claims that asked to wait have shown of the servers (once() polls while they ignore `wait`). */
+  readonly waitSupport = new ServerWaits();
 
   constructor(target: string | readonly string[], options: ClientOptions = {}) {
     this.targets = Object.freeze(parseTargets(target));
@@ -238,6 +241,15 @@ export class IdempotencyClient implements LeaseCalls {
 
   close(): void {
     for (const stub of this.stubs) stub.close();
+  }
+
+  /**
+   * Whether the server waited when a Claim asked it to: true once an answer
+   * carried `waited`, false after one ignored `wait` (a server that predates
+   * it; once() then polls), null before any Claim asked.
+   */
+  get serverWaits(): boolean | null {
+    return this.waitSupport.supported;
   }
 
   /**
@@ -278,13 +290,19 @@ export class IdempotencyClient implements LeaseCalls {
     });
   }
 
-  /** One RPC: attempts until one answers, a code is final, maxAttempts is reached or the timeout would pass. */
-  private async call<Req, Res>(name: string, request: Req, options: CallOptions | undefined): Promise<Res> {
+  /**
+   * One RPC: attempts until one answers, a code is final, maxAttempts is
+   * reached or the timeout would pass. `atLeastMs`: no attempt is cut by the
+   * per-attempt timeout sooner (a Claim that asked the server to wait).
+   */
+  private async call<Req, Res>(name: string, request: Req, options: CallOptions | undefined, atLeastMs = 0): Promise<Res> {
     const policy = retryPolicy(this.retry, options?.retry);
     const deadline = Date.now() + (options?.timeoutMs ?? this.timeoutMs);
     for (let attempt = 1; ; attempt++) {
       const attemptDeadline =
-        policy.perAttemptTimeoutMs === undefined ? deadline : Math.min(deadline, Date.now() + policy.perAttemptTimeoutMs);
+        policy.perAttemptTimeoutMs === undefined
+          ? deadline
+          : Math.min(deadline, Date.now() + Math.max(policy.perAttemptTimeoutMs, atLeastMs));
       try {
         return await this.attempt<Res>(name, request, attemptDeadline);
       } catch (error) {
@@ -302,10 +320,29 @@ export class IdempotencyClient implements LeaseCalls {
    * an error. Retry-safe: every attempt sends the same lease token (a new one
    * per call, or options.leaseToken), so an attempt whose answer was lost is
    * answered by the next with the same lease (`retried: true`).
+   *
+   * With options.waitMs, a Claim that meets another holder waits for it on
+   * the server (see ClaimOptions.waitMs); `waitedMs` on the result says how
+   * long, or is null when the server predates waiting.
    */
   async claim(namespace: string, key: string, options: ClaimOptions = {}): Promise<ClaimResult> {
-    const response = await this.call("Claim", claimRequest({ ...options, namespace, key }), options);
-    return claimResult(response as never);
+    const timeoutMs = options.timeoutMs ?? this.timeoutMs;
+    let waitMs = options.waitMs;
+    if (waitMs !== undefined && (typeof waitMs !== "number" || !Number.isFinite(waitMs))) {
+      throw new TypeError(`waitMs: expected milliseconds, got ${waitMs}`);
+    }
+    let atLeastMs: number | undefined;
+    if (waitMs !== undefined && waitMs > 0) {
+      waitMs = Math.max(waitWithin(waitMs, timeoutMs), MIN_WAIT_MS);
+      atLeastMs = waitMs + WAIT_HEADROOM_MS;
+    } else if (waitMs === 0) {
+      waitMs = undefined; // zero is no waiting: the field stays unset
+    }
+    const request = { ...claimRequest({ ...options, namespace, key }), wait: toDuration(waitMs, "waitMs") };
+    const response = await this.call("Claim", request, { ...options, timeoutMs }, atLeastMs);
+    const result = claimResult(response as never);
+    if (atLeastMs !== undefined) this.waitSupport.saw(result.waitedMs);
+    return result;
   }
 
   /** Store the work's result; later Claims replay it. Safe to retry with the same token. */

@@ -5,6 +5,8 @@
 //               several addresses
 //   calls.ts    the options of each call, and LeaseCalls: what once() uses of a client
 //   once.ts     the run-once lifecycle (Claim, work, Complete or Release, replay, heartbeat)
+//   waiting.ts  Claims that wait for another holder on the server, and the
+//               fallback to polling against a server that predates waiting
 //   keys.ts     deriveKey() and fingerprint(): canonical forms in clients/KEYS.md
 //   types.ts    Outcome, State and the typed results of the RPCs
 //   errors.ts   one error class per status a caller can act on
@@ -31,6 +33,7 @@ export type {
   Logger,
 } from "./calls";
 export { JSON_SERIALIZER, BYTES_SERIALIZER } from "./once";
+export { ServerWaits, WAIT_HEADROOM_MS, WAIT_RECHECK_MS } from "./waiting";
 export type { Lease, OnceOptions, OnceResult, Serializer } from "./once";
 export { deriveKey, keyEncoding, fingerprint, canonicalJson } from "./keys";
 export type { KeyField } from "./keys";
@@ -41,6 +44,7 @@ export type {
   InProgressClaim,
   CompletedClaim,
   FingerprintMismatchClaim,
+  ClaimWaited,
   CompleteResult,
   ExtendLeaseResult,
   KeyRecord,

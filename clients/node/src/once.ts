@@ -11,8 +11,18 @@
 //                        own with lease.saveCheckpoint(data).
 //   COMPLETED            the replay: the stored result, deserialised; the work does not run.
 //   FINGERPRINT_MISMATCH throw FingerprintMismatch.
-//   IN_PROGRESS          onInProgress "wait": Claim again with backoff until
-//                        waitTimeoutMs (then throw InProgress); "throw": throw InProgress.
+//   IN_PROGRESS          another holder has the key. onInProgress "wait" (the
+//                        default): the Claim itself waits on the server
+//                        (ClaimRequest.wait, up to waitTimeoutMs in all, each
+//                        Claim within the call's timeout) and comes back with
+//                        the holder's stored result (the replay) or the lease
+//                        (it released, or its lease ran out: run the work);
+//                        when waitTimeoutMs runs out, throw InProgress.
+//                        Against a server that predates waiting
+//                        (ClaimResponse.waited unset) it polls instead, and
+//                        the client remembers that. "poll": Claim again with
+//                        backoff (100 ms doubling, never past retryAfterMs nor
+//                        waitTimeoutMs). "throw": throw InProgress at once.
 import type { LeaseCalls } from "./calls";
 import {
   FingerprintMismatch,
@@ -23,6 +33,7 @@ import {
   LeaseNotCurrent,
 } from "./errors";
 import type { ClaimResult, Claimed, InProgressClaim } from "./types";
+import { FIRST_POLL_MS, MIN_WAIT_MS, serverWaited } from "./waiting";
 
 /** How once() turns the work's result into Complete's response bytes and back. */
 export interface Serializer<T> {
@@ -52,8 +63,12 @@ export interface OnceOptions<T> {
   leaseTtlMs?: number;
   /** How long the result is kept and replayed; the server's default when omitted. */
   retentionMs?: number;
-  /** When another claimant holds the lease: wait for it (default) or throw InProgress at once. */
-  onInProgress?: "wait" | "throw";
+  /**
+   * When another claimant holds the lease: "wait" for it on the server
+   * (default; polls against a server that predates waiting), "poll" (Claim
+   * again with backoff), or "throw" InProgress at once.
+   */
+  onInProgress?: "wait" | "poll" | "throw";
   /** How long to wait on another claimant before throwing InProgress (default 30 s). */
   waitTimeoutMs?: number;
   /** Default: JSON. */
@@ -104,8 +119,8 @@ export interface OnceResult<T> {
 const DEFAULT_WAIT_TIMEOUT_MS = 30_000;
 /** The server's default lease when the caller sets none; only used to pace the heartbeat. */
 const SERVER_DEFAULT_LEASE_MS = 30_000;
-/** First pause while waiting on another claimant; doubles on each attempt. */
-const FIRST_WAIT_MS = 100;
+/** First pause while polling another claimant; doubles on each attempt. */
+const FIRST_WAIT_MS = FIRST_POLL_MS;
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
@@ -132,17 +147,26 @@ export async function runOnce<T>(
 ): Promise<OnceResult<T>> {
   const serializer = options.serializer ?? (JSON_SERIALIZER as Serializer<T>);
   const onInProgress = options.onInProgress ?? "wait";
-  if (onInProgress !== "wait" && onInProgress !== "throw") {
-    throw new TypeError('once(): onInProgress must be "wait" or "throw"');
+  if (onInProgress !== "wait" && onInProgress !== "poll" && onInProgress !== "throw") {
+    throw new TypeError('once(): onInProgress must be "wait", "poll" or "throw"');
   }
   const deadline = Date.now() + (options.waitTimeoutMs ?? DEFAULT_WAIT_TIMEOUT_MS);
   const where = `${namespace}/${key}`;
+  // How long the next Claim asks the server to wait: what is left of
+  // waitTimeoutMs (claim() keeps it within the call's timeout); undefined when
+  // polling, or when the server is known to ignore it.
+  const waitFor = (): number | undefined => {
+    if (onInProgress !== "wait" || !client.waitSupport.worthAsking()) return undefined;
+    const remaining = deadline - Date.now();
+    return remaining >= MIN_WAIT_MS ? remaining : undefined;
+  };
 
-  for (let attempt = 0; ; attempt++) {
+  for (let attempt = 0; ; ) {
     const claim = await client.claim(namespace, key, {
       fingerprint: options.fingerprint,
       leaseTtlMs: options.leaseTtlMs,
       retentionMs: options.retentionMs,
+      waitMs: waitFor(),
     });
     switch (claim.outcome) {
       case "CLAIMED":
@@ -161,7 +185,11 @@ export async function runOnce<T>(
             claim.leaseExpiresAt,
           );
         }
-        await sleep(nextPause(attempt, claim, remaining));
+        // The server waited, and its wait ended with the call's timeout: wait again.
+        if (serverWaited(claim)) continue;
+        // It did not wait (it predates waiting, its waiter limit was reached,
+        // or we poll): pause, then Claim again.
+        await sleep(nextPause(attempt++, claim, remaining));
       }
     }
   }

@@ -50,6 +50,8 @@ export interface Claimed {
   checkpointFencingToken: bigint | null;
   /** True when this repeats the lease an earlier attempt with the same lease token won (a retried Claim whose answer was lost). */
   retried: boolean;
+  /** See ClaimWaited. */
+  waitedMs: number | null;
 }
 
 /** Another claimant holds a live lease. */
@@ -60,6 +62,8 @@ export interface InProgressClaim {
   /** The time left on the other claimant's lease. */
   retryAfterMs: number;
   expiresAt: Date | null;
+  /** See ClaimWaited. */
+  waitedMs: number | null;
 }
 
 /** The work was done already: the replay. */
@@ -69,12 +73,25 @@ export interface CompletedClaim {
   response: Buffer;
   /** When the stored result expires. */
   expiresAt: Date | null;
+  /** See ClaimWaited. */
+  waitedMs: number | null;
 }
 
 /** The key was seen with another payload fingerprint. */
 export interface FingerprintMismatchClaim {
   outcome: "FINGERPRINT_MISMATCH";
+  /** See ClaimWaited. */
+  waitedMs: number | null;
 }
+
+/**
+ * `waitedMs`, on every ClaimResult: for a Claim that asked to wait
+ * (claim(ns, key, { waitMs })), how long the server made it wait for another
+ * holder, in milliseconds (0: nothing to wait for, or the server's waiter
+ * limit was reached). null when the Claim did not ask, or when the server
+ * predates waiting and ignored the request.
+ */
+export type ClaimWaited = ClaimResult["waitedMs"];
 
 /** What claim() returns: switch on `outcome` and TypeScript knows which fields are there. */
 export type ClaimResult = Claimed | InProgressClaim | CompletedClaim | FingerprintMismatchClaim;
@@ -175,6 +192,7 @@ function required<T>(value: T | null, what: string): T {
 }
 
 export function claimResult(message: ClaimResponse__Output): ClaimResult {
+  const waitedMs = toMs(message.waited);
   switch (message.outcome) {
     case "OUTCOME_CLAIMED":
       return {
@@ -185,6 +203,7 @@ export function claimResult(message: ClaimResponse__Output): ClaimResult {
         expiresAt: toDate(message.expiresAt),
         ...checkpointOf(message.checkpoint, message.checkpointFencingToken),
         retried: message.retried === true,
+        waitedMs,
       };
     case "OUTCOME_IN_PROGRESS":
       return {
@@ -192,11 +211,12 @@ export function claimResult(message: ClaimResponse__Output): ClaimResult {
         leaseExpiresAt: toDate(message.leaseExpiresAt),
         retryAfterMs: toMs(message.retryAfter) ?? 0,
         expiresAt: toDate(message.expiresAt),
+        waitedMs,
       };
     case "OUTCOME_COMPLETED":
-      return { outcome: "COMPLETED", response: Buffer.from(message.response), expiresAt: toDate(message.expiresAt) };
+      return { outcome: "COMPLETED", response: Buffer.from(message.response), expiresAt: toDate(message.expiresAt), waitedMs };
     case "OUTCOME_FINGERPRINT_MISMATCH":
-      return { outcome: "FINGERPRINT_MISMATCH" };
+      return { outcome: "FINGERPRINT_MISMATCH", waitedMs };
     default:
       throw new IdempotencyError(`Claim: unexpected outcome ${message.outcome}`);
   }

@@ -1,7 +1,9 @@
 // Two replicas on one PostgreSQL database, and a client given both addresses:
 // a replica stopped in the middle of a once(), and a rolling restart (SIGTERM,
 // restart on the same port, one replica after the other) under a running
-// once() loop, produce no error in the caller's code.
+// once() loop, produce no error in the caller's code. Duplicates waiting on
+// one replica for a holder on the other learn of its Complete or Release
+// through the database's feed.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
@@ -124,4 +126,38 @@ describe("replicas [postgres]", () => {
     const failed = rec.attempts.filter((a) => a.seenCode !== grpc.status.OK);
     assert.ok(failed.every((a) => a.seenCode === grpc.status.UNAVAILABLE), `only UNAVAILABLE: ${failed.map((a) => a.seenCode)}`);
   });
+
+  for (const ending of ["complete", "release"] as const) {
+    test(`duplicates waiting on one replica learn that the holder on the other ${ending}s`, async () => {
+      const [holderReplica, waitingReplica] = replicas!.servers;
+      const holderClient = new IdempotencyClient(holderReplica.target);
+      const rec = recorder();
+      const client = new IdempotencyClient(waitingReplica.target, { interceptors: [rec.interceptor] });
+      clients.push(holderClient, client);
+      const ns = namespace();
+      const duplicates = 16;
+      let runs = 0;
+      const held = await holderClient.claim(ns, "k", { leaseTtlMs: 30_000 });
+      assert.equal(held.outcome, "CLAIMED");
+      const all = Array.from({ length: duplicates }, () =>
+        client.onceWithDetails(ns, "k", async () => {
+          runs++;
+          return "done by a duplicate";
+        }),
+      );
+      await until(() => rec.of("Claim").length >= duplicates, "every duplicate's Claim sent");
+      await new Promise((r) => setTimeout(r, 200)); // the holder's work
+      const token = held.outcome === "CLAIMED" ? held.leaseToken : "";
+      if (ending === "complete") await holderClient.complete(ns, "k", token, JSON.stringify("done by the holder"));
+      else await holderClient.release(ns, "k", token);
+      const results = await Promise.all(all);
+      const expected = ending === "complete" ? "done by the holder" : "done by a duplicate";
+      assert.deepEqual(results.map((r) => r.value), Array(duplicates).fill(expected));
+      assert.equal(runs, ending === "complete" ? 0 : 1);
+      assert.equal(results.filter((r) => !r.replayed).length, runs);
+      assert.ok(results.every((r) => r.claim.waitedMs !== null));
+      assert.equal(rec.of("Claim").length, duplicates); // one each: they waited, nobody polled
+      assert.equal(client.serverWaits, true);
+    });
+  }
 });
