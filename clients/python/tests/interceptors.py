@@ -73,17 +73,28 @@ class _DroppedAnswer(grpc.RpcError, grpc.Call, grpc.Future):
 
 
 class Recorder:
-    """What the interceptors saw: (method, status code) per attempt, and the
-    answers they dropped."""
+    """What the interceptors saw: (method, status code) per attempt, the
+    requests as they were sent (method, request), and the answers they
+    dropped."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.attempts = []
+        self.requests = []
         self.dropped = []
 
     def record(self, method, code):
         with self._lock:
             self.attempts.append((method, code))
+
+    def record_request(self, method, request):
+        with self._lock:
+            self.requests.append((method, request))
+
+    def sent(self, method=None):
+        """Attempts sent so far (answered or not), of `method` or of all."""
+        with self._lock:
+            return sum(1 for seen, _ in self.requests if method is None or seen == method)
 
     def count(self, method=None, code=None):
         with self._lock:
@@ -95,12 +106,14 @@ class Recorder:
 
 
 class Counting(grpc.UnaryUnaryClientInterceptor, Recorder):
-    """Counts every attempt with its outcome (sync channels)."""
+    """Counts every attempt with its outcome, and keeps every request as it
+    is sent (sync channels)."""
 
     def __init__(self):
         Recorder.__init__(self)
 
     def intercept_unary_unary(self, continuation, details, request):
+        self.record_request(method_name(details), request)
         outcome = continuation(details, request)
         self.record(method_name(details), outcome.code())
         return outcome
@@ -153,6 +166,7 @@ class AsyncCounting(grpc.aio.UnaryUnaryClientInterceptor, Recorder):
         Recorder.__init__(self)
 
     async def intercept_unary_unary(self, continuation, details, request):
+        self.record_request(method_name(details), request)
         call = await continuation(details, request)
         self.record(method_name(details), await call.code())
         return call

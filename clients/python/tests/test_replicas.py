@@ -2,18 +2,21 @@
 both addresses. A replica stopped between two calls of one once(), one that
 stays down, and a rolling restart (SIGTERM, start again on the same port, one
 replica after the other) under a running once() loop: the caller's code sees
-no error, and every piece of work runs once."""
+no error, and every piece of work runs once. Duplicates waiting on one
+replica for a holder on the other learn of its Complete or Release through
+the database's feed."""
 
 import asyncio
 import logging
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 
-from idempotency_client import AsyncIdempotencyClient, IdempotencyClient, State
+from idempotency_client import AsyncIdempotencyClient, IdempotencyClient, Outcome, State
 from idempotency_client.testing import ServerProcess, create_postgres_database, drop_postgres_database
 from interceptors import BeforeFirst, Counting
 from poll import until
@@ -239,3 +242,42 @@ def test_a_restart_of_the_only_address_under_a_once_loop_raises_nothing(tmp_path
                 worker.join(30)
     assert errors == []
     assert all(count == 1 for count in runs.values())
+
+
+@pytest.mark.parametrize("ending", ["complete", "release"])
+def test_duplicates_waiting_on_one_replica_learn_of_a_holder_on_the_other(replicas, namespace, ending):
+    holder_replica, waiting_replica = replicas
+    duplicates = 16
+    counting = Counting()
+    runs = Counter()
+
+    def work():
+        runs["duplicate"] += 1
+        return "done by a duplicate"
+
+    def once_with_run(client):
+        with client.once(namespace, "k") as run:
+            value = run(work)
+        return value, run
+
+    with IdempotencyClient(holder_replica.target) as holder_client, IdempotencyClient(
+        waiting_replica.target, interceptors=[counting]
+    ) as client, ThreadPoolExecutor(duplicates) as pool:
+        holder = holder_client.claim(namespace, "k", lease_ttl=30)
+        assert holder.outcome is Outcome.CLAIMED
+        futures = [pool.submit(once_with_run, client) for _ in range(duplicates)]
+        until(lambda: counting.sent("Claim") >= duplicates, what="every duplicate's Claim sent")
+        time.sleep(0.2)  # the holder's work
+        if ending == "complete":
+            holder_client.complete(namespace, "k", holder.lease_token, b'"done by the holder"')
+        else:
+            holder_client.release(namespace, "k", holder.lease_token)
+        results = [future.result(timeout=30) for future in futures]
+        assert client.server_waits is True
+
+    expected = "done by the holder" if ending == "complete" else "done by a duplicate"
+    assert [value for value, _ in results] == [expected] * duplicates
+    assert runs["duplicate"] == (0 if ending == "complete" else 1)
+    assert sum(not run.replayed for _, run in results) == runs["duplicate"]
+    assert all(run.claim.waited is not None for _, run in results)
+    assert counting.count("Claim") == duplicates  # one each: they waited, nobody polled

@@ -1,6 +1,7 @@
 """The rules of once() that the asyncio helper and the synchronous one share:
-its settings, the errors it raises for each outcome, how it paces its waiting
-and its heartbeat.
+its settings, the errors it raises for each outcome, how it waits for another
+holder (on the server, or by polling when the server cannot) and how it paces
+its heartbeat.
 
 idempotency_client.once describes the lifecycle; _async/once.py (and
 _sync/once.py, generated from it) carries it out with these rules.
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Callable, Optional, Union
 
 from .errors import FingerprintMismatch, IdempotencyError, InProgress, KeyNotFound, LeaseNotCurrent
@@ -25,8 +28,25 @@ LEASE_GONE = (LeaseNotCurrent, KeyNotFound)
 #: The server's default lease when the caller sets none; only used to pace the heartbeat.
 SERVER_DEFAULT_LEASE_SECONDS = 30.0
 
-#: First pause while waiting on another claimant; doubles on each attempt.
+#: First pause while polling another claimant; doubles on each attempt.
 FIRST_WAIT_SECONDS = 0.1
+
+#: What on_in_progress accepts: wait on the server (polling where it cannot),
+#: always poll, or raise InProgress at once.
+ON_IN_PROGRESS = ("wait", "poll", "raise")
+
+#: The longest part of a call's timeout a waiting Claim keeps for its answer
+#: to come back: the wait it sends ends this long (or a tenth of the timeout,
+#: when that is shorter) before the call's deadline.
+WAIT_HEADROOM_SECONDS = 0.5
+
+#: Waits shorter than this are not asked for (a Duration of a few nanoseconds
+#: would be zero, which is "do not wait").
+MIN_WAIT_SECONDS = 0.01
+
+#: After a server ignored `wait`, once() polls without asking for this long,
+#: then asks again (a server upgraded under a long-lived client is noticed).
+WAIT_RECHECK_SECONDS = 300.0
 
 KeyLike = Union[str, Callable[..., str]]
 FingerprintLike = Union[bytes, Callable[..., bytes]]
@@ -49,8 +69,8 @@ class Settings:
     heartbeat_interval: Optional[DurationLike] = None
 
     def __post_init__(self):
-        if self.on_in_progress not in ("wait", "raise"):
-            raise ValueError('on_in_progress must be "wait" or "raise"')
+        if self.on_in_progress not in ON_IN_PROGRESS:
+            raise ValueError('on_in_progress must be "wait", "poll" or "raise"')
 
     def bound(self, args: tuple, kwargs: dict) -> "Settings":
         """The settings for one call of a decorated function: key and fingerprint
@@ -93,6 +113,61 @@ def fingerprint_error(settings: Settings) -> FingerprintMismatch:
 
 def unexpected_outcome(claim: ClaimResult) -> IdempotencyError:
     return IdempotencyError(f"Claim: unexpected outcome {claim.outcome!r}")
+
+
+class ServerWaits:
+    """What a client has learned about its servers and ClaimRequest.wait.
+
+    A server that predates `wait` ignores it and never sets
+    ClaimResponse.waited; a client that asked and finds `waited` unset knows
+    that server will not wait. The client remembers it, so once() polls
+    without asking again for WAIT_RECHECK_SECONDS; an answer with `waited`
+    set (a server that waits) makes it ask again at once.
+    """
+
+    def __init__(self) -> None:
+        #: True: a server waited (or answered with `waited`); False: one
+        #: ignored the field; None: no Claim has asked yet.
+        self.supported: Optional[bool] = None
+        self._ignored_at: Optional[float] = None
+
+    def worth_asking(self) -> bool:
+        """Whether once() should ask the server to wait, or go straight to polling."""
+        return self._ignored_at is None or time.monotonic() - self._ignored_at >= WAIT_RECHECK_SECONDS
+
+    def saw(self, waited: Optional[timedelta]) -> None:
+        """The answer to a Claim that asked to wait: `waited` as it came back."""
+        if waited is not None:
+            self.supported = True
+            self._ignored_at = None
+            return
+        if self.supported is not False:
+            log.info(
+                "idempotency: the server ignored ClaimRequest.wait (it predates waiting);"
+                " once() polls instead for the next %.0f s",
+                WAIT_RECHECK_SECONDS,
+            )
+        self.supported = False
+        self._ignored_at = time.monotonic()
+
+
+def wait_within(wait: float, timeout: Optional[float]) -> float:
+    """The wait a Claim sends: `wait`, ending before the call's `timeout` by
+    WAIT_HEADROOM_SECONDS (or a tenth of the timeout, when shorter), so that
+    the server's answer arrives before the deadline."""
+    if timeout is None:
+        return wait
+    return min(wait, timeout - min(WAIT_HEADROOM_SECONDS, timeout / 10))
+
+
+def server_waited(claim: ClaimResult) -> bool:
+    """Whether the server did the waiting for this IN_PROGRESS answer (so the
+    next Claim may go at once). False when it did not wait: it predates
+    waiting (`waited` unset) or its waiter limit was reached (zero). A wait
+    shorter than the first poll pause counts as none (a server answering its
+    waiters as it shuts down, say): once() then pauses as when polling, so it
+    never spins on a server that keeps answering at once."""
+    return claim.waited is not None and claim.waited >= timedelta(seconds=FIRST_WAIT_SECONDS)
 
 
 def next_pause(attempt: int, claim: ClaimResult, remaining: float) -> float:

@@ -43,9 +43,10 @@ def _checkpoint_bytes(checkpoint: Any) -> Optional[bytes]:
     raise TypeError(f"checkpoint must be bytes, got {type(checkpoint).__name__}")
 
 
-def claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token=None) -> pb.ClaimRequest:
+def claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token=None, wait=None) -> pb.ClaimRequest:
     """A Claim with its own lease token (a new one unless given), so that the
-    same request, sent again after a lost answer, gets the same lease back."""
+    same request, sent again after a lost answer, gets the same lease back;
+    `wait` (seconds, or None) is how long it may wait for another holder."""
     if lease_token is None:
         lease_token = new_lease_token()
     elif not isinstance(lease_token, str):
@@ -57,6 +58,7 @@ def claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token
         lease_ttl=types.to_duration(lease_ttl, "lease_ttl"),
         retention=types.to_duration(retention, "retention"),
         lease_token=lease_token,
+        wait=types.to_duration(wait, "wait"),
     )
 
 

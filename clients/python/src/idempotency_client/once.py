@@ -11,8 +11,18 @@ Claim, then by outcome:
                        Complete and raise LeaseLost.
   COMPLETED            replay: the stored result, deserialised; the work does not run.
   FINGERPRINT_MISMATCH raise FingerprintMismatch.
-  IN_PROGRESS          on_in_progress="wait": Claim again with backoff until
-                       wait_timeout (then raise InProgress); "raise": raise InProgress.
+  IN_PROGRESS          another holder has the key. on_in_progress="wait"
+                       (the default): the Claim itself waits on the server
+                       (ClaimRequest.wait, up to wait_timeout, within each
+                       call's timeout) and comes back with the holder's
+                       stored result (the replay) or the lease (the holder
+                       released, or its lease ran out: run the work); when
+                       wait_timeout runs out, raise InProgress. Against a
+                       server that predates waiting (ClaimResponse.waited
+                       unset) it polls instead, and the client remembers
+                       that. "poll": Claim again with backoff (100 ms
+                       doubling, never past retry_after nor wait_timeout).
+                       "raise": raise InProgress at once.
 
 Resumable work: when an earlier holder of the key died or failed after saving
 a checkpoint, the Claim that takes the key over receives it. `run.checkpoint`
@@ -41,9 +51,14 @@ importable from where they always were.
 from ._lifecycle import (
     FIRST_WAIT_SECONDS,
     LEASE_GONE,
+    MIN_WAIT_SECONDS,
+    ON_IN_PROGRESS,
     SERVER_DEFAULT_LEASE_SECONDS,
+    WAIT_HEADROOM_SECONDS,
+    WAIT_RECHECK_SECONDS,
     FingerprintLike,
     KeyLike,
+    ServerWaits,
     Settings,
     add_note,
     fingerprint_error,
@@ -51,7 +66,9 @@ from ._lifecycle import (
     in_progress_error,
     log,
     next_pause,
+    server_waited,
     unexpected_outcome,
+    wait_within,
 )
 from ._run import Run, checkpoint_bytes, wants_run, with_run
 from ._sync.once import Once
@@ -59,11 +76,16 @@ from ._sync.once import Once
 __all__ = [
     "FIRST_WAIT_SECONDS",
     "LEASE_GONE",
+    "MIN_WAIT_SECONDS",
+    "ON_IN_PROGRESS",
     "SERVER_DEFAULT_LEASE_SECONDS",
+    "WAIT_HEADROOM_SECONDS",
+    "WAIT_RECHECK_SECONDS",
     "FingerprintLike",
     "KeyLike",
     "Once",
     "Run",
+    "ServerWaits",
     "Settings",
     "add_note",
     "checkpoint_bytes",
@@ -72,7 +94,9 @@ __all__ = [
     "in_progress_error",
     "log",
     "next_pause",
+    "server_waited",
     "unexpected_outcome",
+    "wait_within",
     "wants_run",
     "with_run",
 ]

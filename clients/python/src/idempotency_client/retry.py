@@ -12,7 +12,10 @@ for the n-th retry, as long as attempts are left (`max_attempts` counts the
 first one) and the call's overall deadline (its `timeout`) leaves time for
 another attempt. Each attempt gets the time left, or `per_attempt_timeout`
 when that is shorter, so an attempt that hangs (DEADLINE_EXCEEDED) leaves time
-for the next.
+for the next. A Claim that asks the server to wait for another holder is the
+exception: its attempts get at least the wait (and a little more for the
+answer to come back), since a server that waits is not a server that hangs;
+the call's overall deadline still bounds them.
 
 Every RPC is safe to repeat: Claim because the client sends its own lease
 token (a new one per logical Claim, the same on each retry of it) and the
@@ -125,9 +128,14 @@ class Attempts:
     """The bookkeeping of one call's attempts: how long the next may take and
     whether a failure is worth another. Shared by the sync and asyncio loops."""
 
-    def __init__(self, policy: Optional[RetryPolicy], timeout: Optional[float]):
+    def __init__(
+        self, policy: Optional[RetryPolicy], timeout: Optional[float], at_least: Optional[float] = None
+    ):
         self.policy = policy
         self.deadline = None if timeout is None else time.monotonic() + timeout
+        #: No attempt is cut by the per-attempt timeout before this many
+        #: seconds (a Claim that asked the server to wait that long).
+        self.at_least = at_least
         #: Attempts made so far.
         self.made = 0
 
@@ -137,6 +145,8 @@ class Attempts:
         per_attempt = self.policy.per_attempt_timeout if self.policy else None
         if per_attempt is None:
             return remaining
+        if self.at_least is not None:
+            per_attempt = max(per_attempt, self.at_least)
         return per_attempt if remaining is None else min(per_attempt, remaining)
 
     def pause_after(self, error: grpc.RpcError, method: str, target: str) -> Optional[float]:

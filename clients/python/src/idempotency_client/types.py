@@ -70,6 +70,11 @@ class ClaimResult:
     #: CLAIMED: True when this answer repeats the lease an earlier Claim with
     #: the same lease token won (a retried Claim whose first answer was lost).
     retried: bool = False
+    #: A Claim that asked to wait (claim(wait=...)): how long the server made
+    #: it wait for another holder (timedelta(0): nothing to wait for, or the
+    #: server's waiter limit was reached). None when the Claim did not ask, or
+    #: when the server predates waiting and ignored the request.
+    waited: Optional[timedelta] = None
 
     @property
     def claimed(self) -> bool:
@@ -203,6 +208,7 @@ def claim_result(message: pb.ClaimResponse) -> ClaimResult:
         checkpoint=_checkpoint(message) if claimed else None,
         checkpoint_fencing_token=(message.checkpoint_fencing_token or None) if claimed else None,
         retried=bool(message.retried) if claimed else False,
+        waited=message.waited.ToTimedelta() if message.HasField("waited") else None,
     )
 
 

@@ -16,7 +16,15 @@ import grpc
 
 from .. import types
 from .._concurrency import async_sleep
-from .._lifecycle import FingerprintLike, KeyLike, Settings
+from .._lifecycle import (
+    MIN_WAIT_SECONDS,
+    WAIT_HEADROOM_SECONDS,
+    FingerprintLike,
+    KeyLike,
+    ServerWaits,
+    Settings,
+    wait_within,
+)
 from .._proto import idempotency_pb2 as pb
 from .._requests import (
     call_metadata,
@@ -51,6 +59,7 @@ from ..types import (
     ExtendLeaseResult,
     PurgeResult,
     Record,
+    seconds_of,
 )
 from .once import AsyncOnce
 
@@ -127,11 +136,21 @@ class AsyncIdempotencyClient:
             self._endpoints = aio_endpoints(parse_targets(target), credentials, options, interceptors)
         self._metadata = metadata
         self.timeout = timeout
+        #: What Claims that asked to wait have shown of the servers (once()
+        #: polls instead while they ignore `wait`).
+        self.wait_support = ServerWaits()
 
     @property
     def targets(self) -> List[str]:
         """The addresses this client calls, one channel each."""
         return self._endpoints.targets
+
+    @property
+    def server_waits(self) -> Optional[bool]:
+        """Whether the server waited when a Claim asked it to: True once an
+        answer carried `waited`, False after one ignored `wait` (a server
+        that predates it; once() then polls), None before any Claim asked."""
+        return self.wait_support.supported
 
     async def close(self) -> None:
         await close_aio(self._endpoints)
@@ -142,10 +161,11 @@ class AsyncIdempotencyClient:
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
 
-    async def _call(self, name: str, request, timeout: Optional[float]):
+    async def _call(self, name: str, request, timeout: Optional[float], at_least: Optional[float] = None):
         """One RPC with its retries: each attempt on the next channel in turn,
-        within the overall deadline; the last failure raised as its typed error."""
-        attempts = Attempts(self.retry, self.timeout if timeout is None else timeout)
+        within the overall deadline; the last failure raised as its typed error.
+        `at_least`: no attempt is cut by the per-attempt timeout sooner."""
+        attempts = Attempts(self.retry, self.timeout if timeout is None else timeout, at_least)
         first = self._endpoints.first()
         while True:
             endpoint = self._endpoints.pick(first, attempts.made)
@@ -168,6 +188,7 @@ class AsyncIdempotencyClient:
         lease_ttl: Optional[DurationLike] = None,
         retention: Optional[DurationLike] = None,
         lease_token: Optional[str] = None,
+        wait: Optional[DurationLike] = None,
         timeout: Optional[float] = None,
     ) -> ClaimResult:
         """Try to take the lease on a key. Losing a race is Outcome.IN_PROGRESS, not an error.
@@ -175,9 +196,30 @@ class AsyncIdempotencyClient:
         The Claim carries its own lease token (`lease_token`, or a new random
         one), the same on every retry: a retry after a lost answer gets the
         same lease back (`retried` is then True). Pass your own only to retry
-        a logical Claim yourself; never reuse one across Claims."""
-        request = claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token)
-        return types.claim_result(await self._call("Claim", request, timeout))
+        a logical Claim yourself; never reuse one across Claims.
+
+        `wait` (a timedelta or seconds): when another holder has a live
+        lease, wait for it on the server instead of answering IN_PROGRESS at
+        once: COMPLETED with its result when it completes, CLAIMED when it
+        releases or its lease runs out and this Claim takes the key,
+        IN_PROGRESS when the wait runs out. The wait ends before the call's
+        timeout (with time left for the answer), and the retry policy's
+        per_attempt_timeout does not cut it short. `waited` on the result
+        says how long the server waited; it is None when the server predates
+        waiting (it ignored the request and answered at once)."""
+        call_timeout = self.timeout if timeout is None else timeout
+        wait_seconds = seconds_of(wait)
+        at_least = None
+        if wait_seconds is not None and wait_seconds > 0:
+            wait_seconds = max(wait_within(wait_seconds, call_timeout), MIN_WAIT_SECONDS)
+            at_least = wait_seconds + WAIT_HEADROOM_SECONDS
+        elif wait_seconds == 0:
+            wait_seconds = None  # zero is no waiting: the field stays unset
+        request = claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token, wait_seconds)
+        result = types.claim_result(await self._call("Claim", request, call_timeout, at_least))
+        if at_least is not None:
+            self.wait_support.saw(result.waited)
+        return result
 
     async def complete(
         self,
@@ -300,6 +342,12 @@ class AsyncIdempotencyClient:
         See idempotency_client.once for the lifecycle. `lease_ttl` and
         `retention` default to the server's; the heartbeat extends the lease
         every heartbeat_interval (default lease_ttl / 3) while the work runs.
+        When another holder has the key, `on_in_progress="wait"` (the
+        default) waits for it on the server, up to `wait_timeout` in all,
+        one Claim per call's timeout, and gets its stored result or the
+        lease; against a server that predates waiting it polls instead.
+        "poll" always polls (Claim again with backoff); "raise" raises
+        InProgress at once.
         Resumable work: `run.checkpoint` is what an earlier holder saved (or
         None), `run.save_checkpoint(data)` saves progress; a work function
         with a keyword-only parameter `run` receives the Run.

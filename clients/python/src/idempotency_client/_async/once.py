@@ -4,8 +4,9 @@ lifecycle; _lifecycle.py holds the rules both variants follow.
 
 _async/once.py is the source; _sync/once.py is generated from it by
 clients/python/gen_sync.py (unasync). This module does not import the
-client: it needs only the four calls in AsyncLeaseCalls, so the client
-imports it and not the reverse.
+client: it needs only the four calls in AsyncLeaseCalls (and what the
+client learned of the server's waiting), so the client imports it and not
+the reverse.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any, Callable, Optional, Protocol
 from .._concurrency import AsyncHeartbeat, async_sleep
 from .._lifecycle import (
     LEASE_GONE,
+    MIN_WAIT_SECONDS,
+    ServerWaits,
     Settings,
     add_note,
     fingerprint_error,
@@ -24,6 +27,7 @@ from .._lifecycle import (
     in_progress_error,
     log,
     next_pause,
+    server_waited,
     unexpected_outcome,
 )
 from .._run import AsyncRun
@@ -35,6 +39,7 @@ class AsyncLeaseCalls(Protocol):
     """The calls the helper makes, as the client has them."""
 
     timeout: Optional[float]
+    wait_support: ServerWaits
 
     async def claim(
         self,
@@ -44,6 +49,7 @@ class AsyncLeaseCalls(Protocol):
         fingerprint: bytes = b"",
         lease_ttl: Optional[DurationLike] = None,
         retention: Optional[DurationLike] = None,
+        wait: Optional[DurationLike] = None,
     ) -> ClaimResult: ...
 
     async def complete(
@@ -111,6 +117,7 @@ class AsyncOnce:
                 fingerprint=settings.fingerprint,
                 lease_ttl=settings.lease_ttl,
                 retention=settings.retention,
+                wait=self._wait(deadline),
             )
             if claim.outcome is Outcome.CLAIMED:
                 self._run = run = AsyncRun(claim, replayed=False)
@@ -129,8 +136,21 @@ class AsyncOnce:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise in_progress_error(claim, settings, waited=True)
+            if server_waited(claim):
+                continue  # its wait ended with the call's timeout: wait again
+            # The server did not wait (it predates waiting, its waiter limit
+            # was reached, or we chose to poll): pause, then Claim again.
             await async_sleep(next_pause(attempt, claim, remaining))
             attempt += 1
+
+    def _wait(self, deadline: float) -> Optional[float]:
+        """How long the next Claim asks the server to wait: what is left of
+        wait_timeout (the client keeps it within the call's timeout); None
+        when polling, or when the server is known to ignore it."""
+        if self._settings.on_in_progress != "wait" or not self._client.wait_support.worth_asking():
+            return None
+        remaining = deadline - time.monotonic()
+        return remaining if remaining >= MIN_WAIT_SECONDS else None
 
     def _start_heartbeat(self, claim: ClaimResult) -> None:
         interval = self._settings.heartbeat_seconds()
