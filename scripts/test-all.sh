@@ -69,6 +69,8 @@ bash clients/java/run-tests.sh
 
 step "Example: webhook receiver (Python, FastAPI)"
 bash examples/webhook-python/run-tests.sh
+step "Example: HTTP API with Idempotency-Key (Python, FastAPI), the draft's cases"
+bash examples/http-api-python/run-tests.sh
 step "Example: RabbitMQ consumer (Python), killed and redelivered"
 bash examples/rabbitmq-python/run-tests.sh
 step "Example: RabbitMQ consumer (Go), killed and redelivered"
