@@ -179,7 +179,10 @@ type attempt struct {
 // run an action before the first call of a method.
 type recorder struct {
 	mu       sync.Mutex
-	attempts []attempt
+	attempts []attempt // answered
+	// sent: attempts sent per method, answered or not (a waiting Claim is
+	// recorded in attempts only once answered).
+	sent map[string]int
 	// drop: answers of a method left to lose.
 	drop map[string]int
 	// dropped: the answers it lost, in order.
@@ -193,7 +196,7 @@ type recorder struct {
 const droppedMessage = "the answer was dropped on purpose by the test"
 
 func newRecorder() *recorder {
-	return &recorder{drop: map[string]int{}, fail: map[string]bool{}, before: map[string]func(string){}}
+	return &recorder{sent: map[string]int{}, drop: map[string]int{}, fail: map[string]bool{}, before: map[string]func(string){}}
 }
 
 func (r *recorder) intercept(ctx context.Context, fullMethod string, req, reply interface{}, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -203,6 +206,7 @@ func (r *recorder) intercept(ctx context.Context, fullMethod string, req, reply 
 	action := r.before[method]
 	delete(r.before, method)
 	failing := r.fail[method]
+	r.sent[method]++
 	r.mu.Unlock()
 	if action != nil {
 		action(cc.Target())
@@ -249,6 +253,13 @@ func (r *recorder) count(method string, code ...codes.Code) int {
 		}
 	}
 	return n
+}
+
+// sentCount is the number of attempts of method sent so far, answered or not.
+func (r *recorder) sentCount(method string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sent[method]
 }
 
 // of is the attempts of method, in order.

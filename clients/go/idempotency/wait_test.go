@@ -115,7 +115,7 @@ func TestOnceWaitsForTheHolderAndEveryCallerGetsItsResultWithOneClaim(t *testing
 		rec := newRecorder()
 		c, ns, ctx := dial(t, []string{server.Target}, rec), namespace(t), ctx(t)
 		work := &holderWork{
-			ready: func() bool { return rec.count("Claim") >= n },
+			ready: func() bool { return rec.sentCount("Claim") >= n },
 			first: byCaller,
 			later: again,
 		}
@@ -141,6 +141,13 @@ func TestOnceWaitsForTheHolderAndEveryCallerGetsItsResultWithOneClaim(t *testing
 		if claims := claimsSent(t, rec, true); claims != n {
 			t.Fatalf("%d Claims for %d callers, want one each", claims, n)
 		}
+		var longest time.Duration
+		for _, r := range results {
+			if r.Claim.Waited > longest {
+				longest = r.Claim.Waited
+			}
+		}
+		t.Logf("%d callers, %d Claims, the work ran once; the longest wait the server reported: %s", n, n, longest)
 	})
 }
 
@@ -158,7 +165,7 @@ func TestOnceWaitingOnAHolderThatFailsTakesTheLeaseWithItsCheckpoint(t *testing.
 			mu.Unlock()
 		}
 		work := &holderWork{
-			ready: func() bool { return rec.count("Claim") >= n },
+			ready: func() bool { return rec.sentCount("Claim") >= n },
 			first: func(ctx context.Context, lease idempotency.Lease, i int) ([]byte, error) {
 				hand(lease)
 				if err := lease.SaveCheckpoint(ctx, []byte("half")); err != nil {
@@ -221,7 +228,7 @@ func TestAClaimCanWaitForTheHolder(t *testing.T) {
 	// The holder completes while a Claim waits.
 	answer := make(chan *idempotency.ClaimResult, 1)
 	failed := make(chan error, 1)
-	sent := rec.count("Claim")
+	sent := rec.sentCount("Claim")
 	go func() {
 		r, err := c.Claim(ctx, ns, "k", idempotency.ClaimOptions{Wait: 20 * time.Second})
 		if err != nil {
@@ -230,7 +237,7 @@ func TestAClaimCanWaitForTheHolder(t *testing.T) {
 		}
 		answer <- r
 	}()
-	until(t, 10*time.Second, "the waiting Claim to be sent", func() bool { return rec.count("Claim") > sent })
+	until(t, 10*time.Second, "the waiting Claim to be sent", func() bool { return rec.sentCount("Claim") > sent })
 	if _, err := c.Complete(ctx, ns, "k", held.LeaseToken, []byte("by the holder"), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -301,9 +308,11 @@ func TestOnceFallsBackToPollingWhenTheServerIgnoresWait(t *testing.T) {
 			t.Fatalf("the work ran %d times (%d results not replayed), want once", work.runs, fresh)
 		}
 		// Polling: the callers that met the holder claimed again.
-		if claims := claimsSent(t, rec, true); claims <= n {
+		claims := claimsSent(t, rec, true)
+		if claims <= n {
 			t.Fatalf("%d Claims for %d callers: nobody polled", claims, n)
 		}
+		t.Logf("through the relay: %d callers, %d Claims (polling), the work ran once", n, claims)
 
 		// A wait that runs out says it polled.
 		if _, err := c.Claim(ctx, ns, "held", idempotency.ClaimOptions{}); err != nil {
