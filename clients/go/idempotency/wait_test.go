@@ -332,6 +332,8 @@ func TestAWaitEndsBeforeTheContextsDeadlineWithInProgress(t *testing.T) {
 			c, ns := client(t), namespace(t)
 			if relayed {
 				c = dial(t, []string{startRelay(t, sqlite(t).Target)}, nil)
+			} else {
+				requireWaiting(t, c)
 			}
 			if _, err := c.Claim(ctx(t), ns, "k", idempotency.ClaimOptions{}); err != nil {
 				t.Fatal(err)
