@@ -643,6 +643,8 @@ def test_prometheus_rule_carries_exactly_the_groups_of_deploy_prometheus_alerts_
         "IdempotencyDbPoolSaturated",
         "IdempotencyReaperLagHigh",
         "IdempotencyAccessDeniedRateHigh",
+        "IdempotencyWaitersAtCap",
+        "IdempotencyWaitFeedNotFresh",
     ]
     # Prometheus's own templates pass through the chart untouched.
     assert rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"] == (

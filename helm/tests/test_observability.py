@@ -72,6 +72,11 @@ class Metric:
 # `namespace` is there only when IDEMPOTENCY_METRICS_NAMESPACES lists some.
 NAMESPACE = {"namespace": None}
 
+# How a waiting Claim's wait ended (`record_wait` in src/metrics.rs).
+WAIT_OUTCOMES = frozenset(
+    {"completed", "claimed", "fingerprint_mismatch", "timed_out", "shutdown", "over_cap", "error"}
+)
+
 # What the server exports: the names, types and labels docs/operations.md lists.
 METRICS: dict[str, Metric] = {
     "idempotency_calls_total": Metric(
@@ -107,6 +112,13 @@ METRICS: dict[str, Metric] = {
     "idempotency_replay_cache_entries": Metric("gauge"),
     "idempotency_replay_cache_fresh": Metric("gauge"),
     "idempotency_replay_cache_too_large_total": Metric("counter"),
+    "idempotency_waiters": Metric("gauge"),
+    "idempotency_waits_total": Metric("counter", {"outcome": WAIT_OUTCOMES}),
+    "idempotency_wait_duration_seconds": Metric("histogram", {"outcome": WAIT_OUTCOMES}),
+    "idempotency_wait_reads_total": Metric(
+        "counter", {"cause": frozenset({"joined", "woken", "lease_expired", "poll", "lost"})}
+    ),
+    "idempotency_wait_feed_fresh": Metric("gauge"),
 }
 
 # Labels Prometheus adds to every scraped series, which queries may use.
@@ -318,10 +330,16 @@ def test_the_dashboard_has_the_panels_an_operator_looks_for():
         "Replay cache hit ratio",
         "Replay cache size",
         "Replay cache fresh",
+        "Waiting Claims",
+        "Waits by outcome",
+        "Wait reads by cause",
+        "Wait duration p50 and p99",
+        "Wait feed fresh",
     ]
     units = {p["title"]: p["fieldConfig"]["defaults"]["unit"] for p in visualisations(dashboard())}
     assert units["Error ratio"] == units["Replay ratio"] == units["Replay cache hit ratio"] == "percentunit"
     assert units["Latency p50 and p99 by method"] == units["Reaper lag"] == "s"
+    assert units["Wait duration p50 and p99"] == "s"
     assert units["Call rate by method and code"] == units["Refused calls by code"] == "reqps"
 
 
@@ -356,7 +374,7 @@ def rules() -> list[dict]:
     return [rule for group in doc["groups"] for rule in group["rules"]]
 
 
-def test_the_alerts_are_the_seven_examples():
+def test_the_alerts_are_the_nine_examples():
     assert [r["alert"] for r in rules()] == [
         "IdempotencyStoreDown",
         "IdempotencyUnavailableRateHigh",
@@ -365,6 +383,8 @@ def test_the_alerts_are_the_seven_examples():
         "IdempotencyDbPoolSaturated",
         "IdempotencyReaperLagHigh",
         "IdempotencyAccessDeniedRateHigh",
+        "IdempotencyWaitersAtCap",
+        "IdempotencyWaitFeedNotFresh",
     ]
 
 
@@ -382,7 +402,7 @@ def test_every_alert_expression_parses_and_uses_only_exported_metrics_and_labels
         assert check_expression(rule["expr"]), rule["alert"]
 
 
-def test_the_store_down_and_reaper_lag_alerts_have_the_documented_thresholds():
+def test_the_alerts_have_the_documented_thresholds():
     by_name = {r["alert"]: r for r in rules()}
     assert by_name["IdempotencyStoreDown"]["expr"].strip() == "idempotency_store_up == 0"
     assert by_name["IdempotencyStoreDown"]["for"] == "2m"
@@ -392,6 +412,10 @@ def test_the_store_down_and_reaper_lag_alerts_have_the_documented_thresholds():
     assert by_name["IdempotencyDbPoolSaturated"]["for"] == "10m"
     assert by_name["IdempotencyAccessDeniedRateHigh"]["for"] == "10m"
     assert by_name["IdempotencyAccessDeniedRateHigh"]["expr"].strip().endswith("> 1")
+    assert by_name["IdempotencyWaitersAtCap"]["for"] == "10m"
+    assert 'idempotency_waits_total{outcome="over_cap"}' in by_name["IdempotencyWaitersAtCap"]["expr"]
+    assert by_name["IdempotencyWaitFeedNotFresh"]["for"] == "5m"
+    assert by_name["IdempotencyWaitFeedNotFresh"]["expr"].strip().startswith("idempotency_wait_feed_fresh == 0")
 
 
 def test_every_alert_has_a_unit_test_and_a_section_in_the_operations_page():
