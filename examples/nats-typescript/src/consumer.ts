@@ -18,7 +18,10 @@
 //                   last, so the copy comes back later and is replayed or
 //                   taken over.
 //     FINGERPRINT_MISMATCH  the event id came back with another body: term
-//                   (never redeliver); the first body's effect stands.
+//                   (never redeliver); the first body's effect stands. The
+//                   ledger row refuses another body the same way before the
+//                   Claim, however late it comes (the service forgets the
+//                   event after its retention; the row does not).
 //
 //   Every nak waits the backoff step of its delivery (nakDelayMs: 1 s, 5 s,
 //   30 s, 2 min, then 5 min by default), and every delivery counts against
@@ -51,7 +54,7 @@ import {
   type IdempotencyClient,
   type Lease,
 } from "idempotency-client";
-import { applyEffect, type EffectResult, type Receipt } from "./ledger";
+import { applyEffect, currentRow, type EffectResult, type Receipt } from "./ledger";
 
 /** The first field of every key: the publisher's name for its events. */
 export const SOURCE = "orders";
@@ -124,6 +127,11 @@ export function retryBudgetMs(maxDeliver: number, backoffMs: readonly number[] =
   let budget = 0;
   for (let delivery = 1; delivery <= maxDeliver; delivery++) budget += nakDelayMs(delivery, backoffMs);
   return budget;
+}
+
+/** The ledger holds the event with another account or amount: refused like a fingerprint mismatch. */
+export class OtherBody extends Error {
+  override name = "OtherBody";
 }
 
 export interface ConsumerSettings {
@@ -239,6 +247,13 @@ export async function handleMessage(msg: JsMsg, ctx: HandlerContext): Promise<Re
   });
 
   try {
+    // The ledger row outlives the service's record: once the record expired
+    // and was reaped, the service would take another body under this id for
+    // a new event. The row still tells it apart: refused before any Claim.
+    const existing = await currentRow(ctx.pool, key);
+    if (existing && (existing.account !== event.account || existing.amount_cents !== event.amount_cents)) {
+      throw new OtherBody(`the ledger holds ${event.event_id} with another account or amount`);
+    }
     const result = await ctx.client.onceWithDetails<Receipt>(
       s.namespace,
       key,
@@ -286,7 +301,7 @@ export async function handleMessage(msg: JsMsg, ctx: HandlerContext): Promise<Re
       msg.nak(delay);
       return done({ ...attempt(), outcome: "in-progress", nak_delay_ms: delay });
     }
-    if (error instanceof FingerprintMismatch) {
+    if (error instanceof FingerprintMismatch || error instanceof OtherBody) {
       msg.term(); // parked by the MSG_TERMINATED advisory; see deadletter.ts
       return done({ ...attempt(), outcome: "mismatch", error: error.message });
     }

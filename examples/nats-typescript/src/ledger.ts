@@ -3,12 +3,17 @@
 // holder of the event's key.
 //
 // The fencing token from Claim goes into the row. The upsert only replaces a
-// row written under a LOWER token, so:
+// row written under a LOWER token, and only with the same account and amount,
+// so:
 //   - a worker that took the key over after an earlier holder's lease ran out
 //     (fencing + 1) rewrites that holder's row: still one row per event;
 //   - a late holder whose lease was taken over (a lower token than the row's)
 //     changes nothing: its write is rejected by the guard, and its Complete
-//     will be refused by the service as well.
+//     will be refused by the service as well;
+//   - after the service's record expired and was reaped, its token restarts
+//     at 1 and climbs again; the row is never rewritten with another amount,
+//     whatever the token (consumer.ts refuses such a body before its Claim;
+//     the guard holds in a race too).
 import type { Pool } from "pg";
 
 export const LEDGER_SCHEMA = `
@@ -31,6 +36,7 @@ ON CONFLICT (event_key) DO UPDATE
        amount_cents = EXCLUDED.amount_cents, fencing = EXCLUDED.fencing,
        applied_by = EXCLUDED.applied_by, applied_at = now()
  WHERE l.fencing < EXCLUDED.fencing
+   AND l.account = EXCLUDED.account AND l.amount_cents = EXCLUDED.amount_cents
 RETURNING event_id, account, amount_cents::text, fencing::text, applied_by`;
 
 const CURRENT_ROW = `
@@ -63,6 +69,12 @@ export interface EffectResult {
   receipt: Receipt;
 }
 
+/** The event's row as it stands, if the effect was ever applied. */
+export async function currentRow(pool: Pool, eventKey: string): Promise<Receipt | undefined> {
+  const current = await pool.query(CURRENT_ROW, [eventKey]);
+  return current.rowCount === 1 ? toReceipt(current.rows[0]) : undefined;
+}
+
 export async function ensureLedger(pool: Pool): Promise<void> {
   await pool.query(LEDGER_SCHEMA);
 }
@@ -81,8 +93,10 @@ function toReceipt(row: Record<string, string>): Receipt {
  * Apply the effect under the fencing guard. Never throws for a stale token:
  * it reports `applied: false` and the row that is there, and the caller goes
  * on to Complete, whose answer decides (a takeover's lease refuses it; see
- * consumer.ts). The row with an EQUAL token is this attempt's own earlier
- * write (a retried statement), which the receipt then describes.
+ * consumer.ts). A row with an equal or higher token is this attempt's own
+ * earlier write (a retried statement), a newer holder's, or one written
+ * before the service's record was reaped (its token restarted): Complete
+ * tells them apart, and the receipt describes the row either way.
  */
 export async function applyEffect(pool: Pool, entry: LedgerEntry): Promise<EffectResult> {
   const written = await pool.query(GUARDED_UPSERT, [

@@ -12,7 +12,10 @@
 //      cannot be read (bad JSON, a lone surrogate in the id, an amount beyond
 //      2^53) and another body under a completed id are term()ed at once and
 //      parked; the worker keeps running.
-//   3. The defaults are docs/recipes.md's numbers.
+//   3. A late copy after the service's record expired and was reaped (its
+//      fencing token restarts at 1): another amount is term()ed before any
+//      Claim, the same body is answered with the row; the row never changes.
+//   4. The defaults are docs/recipes.md's numbers.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
@@ -20,7 +23,7 @@ import { connect, type JetStreamClient, type JetStreamManager, type NatsConnecti
 import { Pool } from "pg";
 import { IdempotencyClient } from "idempotency-client";
 import { startServer, type RunningServer } from "idempotency-client/dist/src/testing";
-import { ensureLedger, type Receipt } from "../src/ledger";
+import { applyEffect, ensureLedger, type Receipt } from "../src/ledger";
 import { DEFAULT_ACK_WAIT_MS, DEFAULT_MAX_DELIVER, ensureStream } from "../src/jetstream";
 import {
   checkSettings,
@@ -44,13 +47,20 @@ let jsm: JetStreamManager;
 let js: JetStreamClient;
 let pool: Pool;
 let ledgerDb: string;
+let serviceDb: string;
+let servicePool: Pool;
 let suffix: string;
 const streams: string[] = [];
 
 before(async () => {
-  server = await startServer();
-  client = new IdempotencyClient(server.target);
   suffix = randomBytes(6).toString("hex");
+  // The service on PostgreSQL, its reaper every 200 ms, so that a test can
+  // see a record deleted (not only expired).
+  serviceDb = `nats_example_${suffix}_service`;
+  await adminQuery(`CREATE DATABASE ${serviceDb}`);
+  server = await startServer({ databaseUrl: `${POSTGRES}/${serviceDb}`, env: { IDEMPOTENCY_REAPER_INTERVAL: "200ms" } });
+  servicePool = new Pool({ connectionString: `${POSTGRES}/${serviceDb}`, max: 1 });
+  client = new IdempotencyClient(server.target);
   ledgerDb = `nats_example_${suffix}`;
   await adminQuery(`CREATE DATABASE ${ledgerDb}`);
   pool = new Pool({ connectionString: `${POSTGRES}/${ledgerDb}`, max: 2 });
@@ -79,6 +89,8 @@ after(async () => {
   if (ledgerDb) await attempt(() => adminQuery(`DROP DATABASE IF EXISTS ${ledgerDb} WITH (FORCE)`));
   if (client) client.close();
   if (server) await attempt(() => server.stop());
+  if (servicePool) await attempt(() => servicePool.end());
+  if (serviceDb) await attempt(() => adminQuery(`DROP DATABASE IF EXISTS ${serviceDb} WITH (FORCE)`));
   if (errors.length > 0) throw errors[0];
 });
 
@@ -167,11 +179,10 @@ test("a ledger outage longer than the retry budget ends parked in the dead-lette
       consumer.log(),
     );
     for (const r of attempts) assert.match(r.error!, /not currently accepting connections/);
-    // JetStream delivers it no more; the service holds it released (each
-    // failed attempt gave the key back), and nothing was written.
+    // JetStream delivers it no more; nothing was claimed (each attempt failed
+    // at its first ledger read, before the Claim) and nothing written.
     assert.ok(await drained(stream, "outage"));
-    const record = await client.get(NAMESPACE, eventKey("outage-1"));
-    assert.deepEqual([record.state, record.fencingToken], ["RELEASED", 3n]);
+    assert.equal((await client.get(NAMESPACE, eventKey("outage-1"))).state, "ABSENT");
 
     // Parked, not lost: the advisory names the message, which the stream still holds.
     const [parked, ...more] = await redrive(stream);
@@ -195,7 +206,7 @@ test("a ledger outage longer than the retry budget ends parked in the dead-lette
       () => `${JSON.stringify(consumer.reports)}\n${consumer.log()}`,
     );
     const row = await ledgerRow("outage-1");
-    assert.deepEqual(row, { event_id: "outage-1", account: "acct-o", amount_cents: 4242, fencing: "4", applied_by: "o1" });
+    assert.deepEqual(row, { event_id: "outage-1", account: "acct-o", amount_cents: 4242, fencing: "1", applied_by: "o1" });
     assert.deepEqual(await replayed(event), row);
     assert.equal((await jsm.streams.info(deadLetters)).state.messages, 0, "the re-drive removed the advisory");
     assert.equal(await consumer.stop(), 0, consumer.log());
@@ -254,6 +265,60 @@ test("bodies: floats and big integers are processed, unreadable bodies and anoth
       parked.map((p) => [p.reason, p.stream_seq, p.deliveries, p.body]),
       [2, 3, 4, 5].map((i) => ["terminated", seqs[i], 1, bodies[i][1]]),
     );
+    assert.equal(await consumer.stop(), 0, consumer.log());
+  } finally {
+    consumer.kill();
+  }
+});
+
+test("a late copy after the record was reaped: another amount is term()ed, the same body answered with the row, the row unchanged", async () => {
+  const stream = await setUp("LATE", "late", { MAX_DELIVER: "3" });
+  const consumer = new ConsumerProcess("l1", { ...consumerEnv(stream, "late"), RETENTION_MS: "1000" });
+  const original: OrderEvent = { event_id: "late-1", account: "acct-l", amount_cents: 500 };
+  const key = eventKey("late-1");
+  const report = (seq: number) => consumer.reports.find((r) => r.stream_seq === seq);
+  const handled = async (seq: number) => {
+    await waitFor(`seq ${seq} handled`, async () => report(seq) !== undefined && (await drained(stream, "late")), 20_000, () =>
+      `${JSON.stringify(consumer.reports)}\n${consumer.log()}`,
+    );
+    return report(seq)!;
+  };
+  try {
+    await consumer.waitReady();
+    const first = await handled((await js.publish(`${stream}.late`, Buffer.from(JSON.stringify(original)))).seq);
+    assert.equal(first.outcome, "completed");
+    const row = await ledgerRow("late-1");
+    assert.deepEqual(row, { event_id: "late-1", account: "acct-l", amount_cents: 500, fencing: "1", applied_by: "l1" });
+
+    // The retention (1 s) passes and the reaper deletes the record.
+    await waitFor(
+      "the reaper to delete late-1's record",
+      async () => (await servicePool.query("SELECT 1 FROM idempotency_records WHERE namespace = $1 AND key = $2", [NAMESPACE, key])).rowCount === 0,
+      20_000,
+    );
+
+    // Another amount under the same id: refused from the row, before any
+    // Claim (the service no longer knows the event); parked, the row unchanged.
+    const other = { ...original, amount_cents: 900 };
+    const refused = await handled((await js.publish(`${stream}.late`, Buffer.from(JSON.stringify(other)))).seq);
+    assert.deepEqual([refused.outcome, refused.delivery, refused.fencing], ["mismatch", 1, undefined], JSON.stringify(refused));
+    assert.equal((await client.get(NAMESPACE, key)).state, "ABSENT", "nothing was claimed");
+    assert.deepEqual(await ledgerRow("late-1"), row);
+
+    // The same body: claimed anew (fencing token 1), the guard rejects the
+    // write (the row's token is not lower), the row is the receipt.
+    const again = await handled((await js.publish(`${stream}.late`, Buffer.from(JSON.stringify(original)))).seq);
+    assert.equal(again.outcome, "completed");
+    assert.deepEqual([again.fencing, again.effect], ["1", { applied: false, row_fencing: "1" }]);
+    assert.deepEqual(again.receipt, row);
+    assert.deepEqual(await replayed(original), row);
+
+    // And the guard alone, as in a race past that check: a newer token with
+    // another amount does not rewrite the row.
+    const raced = await applyEffect(pool, { eventKey: key, eventId: "late-1", account: "acct-l", amountCents: 900, fencing: 2n, worker: "racer" });
+    assert.deepEqual(raced, { applied: false, receipt: row });
+    assert.deepEqual(await ledgerRow("late-1"), row);
+    assert.deepEqual((await redrive(stream)).map((p) => [p.reason, p.body]), [["terminated", JSON.stringify(other)]]);
     assert.equal(await consumer.stop(), 0, consumer.log());
   } finally {
     consumer.kill();
