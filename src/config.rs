@@ -201,8 +201,8 @@ pub struct Config {
 
     /// The most Claims that wait at once on this replica; past it a Claim
     /// that asks to wait answers OUTCOME_IN_PROGRESS at once. Each waiting
-    /// call also holds one of IDEMPOTENCY_MAX_CONCURRENT_CALLS, so this must
-    /// be below it.
+    /// call is also a call in flight, so at most half of
+    /// IDEMPOTENCY_MAX_CONCURRENT_CALLS wait, whatever this says.
     #[arg(long, env = "IDEMPOTENCY_MAX_WAITERS", default_value_t = 512)]
     pub max_waiters: usize,
 
@@ -316,7 +316,7 @@ impl Config {
             max_response_bytes: self.max_response_bytes,
             max_checkpoint_bytes: self.max_checkpoint_bytes,
             max_wait: self.max_wait,
-            max_waiters: self.max_waiters,
+            max_waiters: self.max_waiters.min(self.max_concurrent_calls / 2),
         }
     }
 
@@ -455,10 +455,6 @@ impl Config {
             (
                 self.max_streams_per_connection > 0,
                 "IDEMPOTENCY_MAX_STREAMS_PER_CONNECTION must be positive",
-            ),
-            (
-                self.max_waiters < self.max_concurrent_calls,
-                "IDEMPOTENCY_MAX_WAITERS must be below IDEMPOTENCY_MAX_CONCURRENT_CALLS (each waiting Claim is a call in flight)",
             ),
             (
                 !self.call_timeout.is_zero(),

@@ -21,7 +21,7 @@ use crate::domain::{
 };
 use crate::error::Error;
 use crate::metrics;
-use crate::store::{FirstClaim, Store};
+use crate::store::{Announces, FirstClaim, Store};
 use crate::waiters::{POLL_EVERY, Waiters, Waiting};
 use tokio::time::Instant;
 
@@ -180,7 +180,7 @@ impl<S: Store> Lifecycle<S> {
         let mut not_before = Instant::now();
         let mut cause = "joined";
         loop {
-            let woken = slot.woken();
+            let mut woken = slot.woken();
             let (read_at, snapshot) = slot
                 .read(not_before, || {
                     metrics::record_wait_read(cause);
@@ -196,25 +196,37 @@ impl<S: Store> Lifecycle<S> {
                 }) => {
                     let left = lease_expires_at.duration_since(now).unwrap_or_default();
                     let expiry = read_at + left + EXPIRY_MARGIN;
-                    let poll = self
-                        .waiters
-                        .must_poll(self.store.announces())
-                        .then(|| read_at + POLL_EVERY);
-                    let wake_at = poll.map_or(expiry, |poll| poll.min(expiry));
-                    tokio::select! {
-                        () = self.waiters.stopping() => {
-                            return Ok(still_in_progress(lease_expires_at, now, read_at, expires_at));
-                        }
-                        () = tokio::time::sleep_until(deadline) => {
-                            return Ok(still_in_progress(lease_expires_at, now, read_at, expires_at));
-                        }
-                        () = woken => {
-                            not_before = slot.woken_at();
-                            cause = "woken";
-                        }
-                        () = tokio::time::sleep_until(wake_at) => {
-                            not_before = wake_at;
-                            cause = if wake_at < expiry { "poll" } else { "lease_expired" };
+                    let answer = || still_in_progress(lease_expires_at, now, read_at, expires_at);
+                    // Asleep until something calls for a read; woken early
+                    // only to see whether the feed is still caught up.
+                    loop {
+                        let announces = self.store.announces();
+                        let poll = self
+                            .waiters
+                            .must_poll(announces)
+                            .then(|| (read_at + POLL_EVERY).max(Instant::now()));
+                        let recheck = match (announces, poll) {
+                            (Announces::Feed, None) => self.waiters.feed_fresh_until(),
+                            _ => None,
+                        };
+                        let read_at_wake = poll.map_or(expiry, |poll| poll.min(expiry));
+                        let wake_at = recheck.map_or(read_at_wake, |r| r.min(read_at_wake));
+                        tokio::select! {
+                            () = self.waiters.stopping() => return Ok(answer()),
+                            () = tokio::time::sleep_until(deadline) => return Ok(answer()),
+                            () = &mut woken => {
+                                not_before = slot.woken_at();
+                                cause = "woken";
+                                break;
+                            }
+                            () = tokio::time::sleep_until(wake_at) => {
+                                if wake_at < read_at_wake {
+                                    continue;
+                                }
+                                not_before = wake_at;
+                                cause = if wake_at < expiry { "poll" } else { "lease_expired" };
+                                break;
+                            }
                         }
                     }
                 }

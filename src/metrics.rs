@@ -37,6 +37,12 @@ const POOL_INTERVAL: Duration = Duration::from_secs(5);
 /// in use stops the start, named, unless `give_way` (the address is the
 /// default, nobody chose it): then a free port on the same host serves, and
 /// a warning says which (two replicas on one host both start).
+/// Buckets of idempotency_wait_duration_seconds: over_cap is 0, and a wait
+/// ends at IDEMPOTENCY_MAX_WAIT (30 s by default) or the call's deadline.
+const WAIT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+];
+
 pub fn install(addr: SocketAddr, give_way: bool) -> anyhow::Result<SocketAddr> {
     // The exporter binds the port itself and reports only the OS error: bind
     // it first to say which setting to change.
@@ -62,6 +68,10 @@ pub fn install(addr: SocketAddr, give_way: bool) -> anyhow::Result<SocketAddr> {
         .set_buckets_for_metric(
             Matcher::Full("idempotency_call_duration_seconds".into()),
             LATENCY_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("idempotency_wait_duration_seconds".into()),
+            WAIT_BUCKETS,
         )?
         .install()
         .map_err(|e| match e {

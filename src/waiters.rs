@@ -149,12 +149,19 @@ impl Waiters {
     }
 
     fn feed_fresh(&self) -> bool {
+        self.feed_fresh_until()
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Until when the feed counts as caught up, from what it has said so
+    /// far: a waiter that relies on it looks again then.
+    pub fn feed_fresh_until(&self) -> Option<Instant> {
         let heard = *self
             .inner
             .feed_heard
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        heard.is_some_and(|at| at.elapsed() < FEED_FRESH_FOR)
+        heard.map(|at| at + FEED_FRESH_FOR)
     }
 
     /// Resolves when the server begins to shut down: waiters then answer at

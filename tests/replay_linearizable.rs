@@ -5,7 +5,10 @@
 //!   replays what it purged, over a thousand rounds;
 //! - a purge from the command line under another search_path reaches them;
 //! - an UPDATE, DELETE or TRUNCATE made in SQL, outside the service,
-//!   reaches every cache within the freshness bound (in practice at once).
+//!   reaches every cache within the freshness bound (in practice at once);
+//! - and, for Claims that wait (issue 23), which hear the holder's Complete
+//!   on the same feed: a replica whose listener is cut still answers its
+//!   waiters, by reading the key again while the feed is not caught up.
 
 mod common;
 
@@ -432,6 +435,71 @@ impl Relay {
     fn silence_listeners(&self) {
         self.cut.send_modify(|n| *n += 1);
     }
+}
+
+/// A's server, and b's behind a relay that can silence its listener.
+async fn a_and_relayed_b(store: &StoreFixture) -> (Relay, [TestServer; 2]) {
+    let url = store.database_url.clone().unwrap();
+    // The server the URL names (host:port between '@' and the database).
+    let authority = url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next());
+    let upstream: std::net::SocketAddr = authority
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("a numeric host:port in {url}"));
+    let relay = Relay::start(upstream).await;
+    let a = TestServer::start(store.config()).await;
+    let mut relayed = store.config();
+    // Plaintext, so that the relay can see which connection listens.
+    relayed.database_url = Some(format!(
+        "{}&sslmode=disable",
+        url.replace(&upstream.to_string(), &relay.addr.to_string())
+    ));
+    let b = TestServer::start(relayed).await;
+    (relay, [a, b])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_whose_listener_is_cut_still_get_the_holders_result() {
+    let store = StoreFixture::new(Backend::Postgres).await;
+    let (relay, servers) = a_and_relayed_b(&store).await;
+    let holder = claim(&mut servers[0].client.clone(), NS, "evt_wait").await;
+    assert_eq!(outcome(&holder), Outcome::Claimed);
+    relay.silence_listeners();
+    let waiting: Vec<_> = (0..8)
+        .map(|_| {
+            let mut client = servers[1].client.clone();
+            tokio::spawn(async move {
+                let mut request = claim_request(NS, "evt_wait");
+                request.wait = Some(prost_types::Duration {
+                    seconds: 20,
+                    nanos: 0,
+                });
+                client.claim(request).await.unwrap().into_inner()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let completed_at = Instant::now();
+    complete(
+        &mut servers[0].client.clone(),
+        NS,
+        "evt_wait",
+        &holder.lease_token,
+        b"done",
+    )
+    .await;
+    for waiter in waiting {
+        let answer = waiter.await.unwrap();
+        assert_eq!(outcome(&answer), Outcome::Completed, "{answer:?}");
+        assert_eq!(answer.response, b"done");
+    }
+    // Not the wait's 20 s: the feed's freshness (3 s) and a poll (0.5 s),
+    // or the watchdog's new listener.
+    let late = completed_at.elapsed();
+    eprintln!("b's waiters answered {late:?} after the Complete, its listener cut");
+    assert!(late < Duration::from_secs(10), "{late:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

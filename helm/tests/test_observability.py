@@ -437,6 +437,15 @@ def test_the_server_source_names_exactly_the_metrics_checked_here():
     assert names == set(METRICS)
 
 
+def test_every_histogram_checked_here_gets_buckets_in_the_server_source():
+    # Without set_buckets_for_metric, metrics-exporter-prometheus serves a
+    # describe_histogram! metric as a summary: no _bucket series, so the
+    # dashboard's histogram_quantile draws nothing.
+    with_buckets = set(re.findall(r'Matcher::Full\(\s*"(idempotency_\w+)"', METRICS_SOURCE.read_text()))
+    histograms = {name for name, metric in METRICS.items() if metric.type == "histogram"}
+    assert histograms <= with_buckets, f"served as summaries (no buckets): {sorted(histograms - with_buckets)}"
+
+
 def test_the_server_source_names_exactly_the_methods_and_codes_checked_here():
     source = GRPC_SOURCE.read_text()
     methods = set(re.findall(r'self\.start\("(\w+)"', source))

@@ -224,9 +224,9 @@ what to change, rather than deploying something other than what was asked.
 {{- fail "policy.content holds what looks like a bearer token (idem_...): put only its hash in the policy (token_hashes = [\"sha256:...\"], printed by `idempotency-service token` or `idempotency-service token --hash`)" }}
 {{- end }}
 {{- end }}
-{{- /* The server refuses to start otherwise: each waiting Claim holds a call slot. */}}
+{{- /* Each waiting Claim holds a call slot; the server lets at most half of them wait. */}}
 {{- if ge (int64 .Values.config.maxWaiters) (int64 .Values.limits.maxConcurrentCalls) }}
-{{- fail (printf "config.maxWaiters (%d) must be below limits.maxConcurrentCalls (%d): each waiting Claim is a call in flight, and the server refuses to start otherwise" (int64 .Values.config.maxWaiters) (int64 .Values.limits.maxConcurrentCalls)) }}
+{{- fail (printf "config.maxWaiters (%d) must be below limits.maxConcurrentCalls (%d): each waiting Claim is a call in flight (the server lets at most half of them wait)" (int64 .Values.config.maxWaiters) (int64 .Values.limits.maxConcurrentCalls)) }}
 {{- end }}
 {{- $ports := list (int .Values.grpc.port) }}
 {{- if .Values.metrics.enabled }}{{ $ports = append $ports (int .Values.metrics.port) }}{{ end }}
