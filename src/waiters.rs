@@ -69,6 +69,8 @@ pub struct Slot {
     read: tokio::sync::Mutex<Option<(Instant, Snapshot)>>,
     /// Held by the one waiter here that tries to take the key.
     turn: tokio::sync::Mutex<()>,
+    /// The waiters on the key, changed under the registry's lock.
+    waiting: AtomicUsize,
 }
 
 /// One waiting Claim's place: unregisters it when dropped.
@@ -104,11 +106,14 @@ impl Waiters {
             return None;
         }
         let name = (namespace.clone(), key.clone());
-        let slot = self
-            .slots()
-            .entry(name.clone())
-            .or_insert_with(|| Arc::new(Slot::new()))
-            .clone();
+        let slot = {
+            let mut slots = self.slots();
+            let slot = slots
+                .entry(name.clone())
+                .or_insert_with(|| Arc::new(Slot::new()));
+            slot.waiting.fetch_add(1, Ordering::AcqRel);
+            slot.clone()
+        };
         metrics::record_waiters(taken + 1);
         Some(Waiting {
             inner: self.inner.clone(),
@@ -219,6 +224,7 @@ impl Slot {
             woken_at: Mutex::new(Instant::now()),
             read: tokio::sync::Mutex::new(None),
             turn: tokio::sync::Mutex::new(()),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -281,8 +287,7 @@ impl Drop for Waiting {
         let left = self.inner.waiting.fetch_sub(1, Ordering::AcqRel) - 1;
         metrics::record_waiters(left);
         let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
-        // The map's reference and this one: nobody else waits on the key.
-        if Arc::strong_count(&self.slot) == 2 {
+        if self.slot.waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
             slots.remove(&self.name);
         }
     }
