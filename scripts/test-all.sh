@@ -11,8 +11,9 @@
 #      against the real server binary, and a newcomer's quick start (a fresh
 #      clone, both clients installed as the docs say, the docs' snippets run);
 #   4. the examples (examples/), each against the real server and the real
-#      broker: a webhook receiver, RabbitMQ consumers in Python and Go, a NATS
-#      JetStream consumer in TypeScript, consumers killed and redelivered;
+#      broker: a webhook receiver, an HTTP API with Idempotency-Key, RabbitMQ
+#      consumers in Python and Go and in batches, a NATS JetStream consumer
+#      in TypeScript, consumers killed and redelivered;
 #   5. the suites on Citus, only when TEST_CITUS_URL names a coordinator
 #      (scripts/test-citus.sh; otherwise one line says they did not run);
 #      the fault-injection harness (faults/run.sh --ci): every scenario
