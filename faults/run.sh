@@ -35,9 +35,11 @@ bin=${IDEMPOTENCY_BIN:-$repo/target/release/idempotency-service}
 [ -x "$bin" ] || die "no server binary at $bin (cargo build --release, or set IDEMPOTENCY_BIN)"
 export IDEMPOTENCY_BIN="$bin"
 
-# The venv: reinstalled when the client's sources or the proto change.
-stamp_src=$(cat "$repo/clients/python/pyproject.toml" "$repo/proto/idempotency/v1/idempotency.proto" \
-  "$repo"/clients/python/src/idempotency_client/*.py "$here/run.sh" | sha256sum | cut -c1-16)
+# The venv: reinstalled when the client's sources (_async/ and _sync/
+# included) or the proto change.
+stamp_src=$( { cat "$repo/clients/python/pyproject.toml" "$repo/proto/idempotency/v1/idempotency.proto" "$here/run.sh";
+  find "$repo/clients/python/src/idempotency_client" -name '*.py' -not -path '*/_proto/*' | LC_ALL=C sort | xargs cat; } \
+  | sha256sum | cut -c1-16)
 stamp="$venv/.installed-$stamp_src"
 (
   flock 9

@@ -2,12 +2,15 @@
 
 Simulated consumers (asyncio tasks) process events. Each event key is
 delivered `deliveries` times, the first two at once (two consumers race for
-it), the others a moment later. A consumer Claims the key (retry-safe: its own
-lease token, the same on every attempt of that Claim), applies the effect,
-then Completes. Some consumers fail and Release; some vanish after the Claim
-(no Complete, no Release: the lease runs out and a redelivery takes the key
-over). A delivery that finds the key IN_PROGRESS, or whose call failed, is
-redelivered later, as a broker would.
+it), the others a moment later. A consumer runs the client's once() helper
+(AsyncOnce): it Claims the key (retry-safe: its own lease token, the same on
+every attempt of that Claim), applies the effect, then Completes. A Claim that
+meets another holder waits for it on the server (once()'s default,
+ClaimRequest.wait) and comes back with its result or the lease. Some
+consumers fail and Release (the work raises); some vanish after the Claim
+(a plain Claim, then no Complete, no Release: the lease runs out and a waiting
+Claim or a redelivery takes the key over). A delivery whose wait ran out
+(InProgress) or whose call failed is redelivered later, as a broker would.
 
 The effect is a row in a ledger table in a separate database (a fresh one on
 the machine's main PostgreSQL), written only when its fencing token is higher
@@ -15,9 +18,10 @@ than any the ledger holds for the key: one guarded upsert; a refused write is
 recorded, and its consumer Releases.
 
 Every logical call is recorded (op, key, start, end, answer or error code,
-attempts) and so is every attempt (a grpc.aio interceptor per address: start,
-end, target, code), with times in seconds since the run started
-(History.now()).
+attempts; once()'s calls through RecordedCalls; a Claim's `wait` and the
+`waited` of its answer) and so is every attempt (a grpc.aio interceptor per
+address: start, end, target, code), with times in seconds since the run
+started (History.now()).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import asyncio
 import contextvars
 import itertools
 import json
+import logging
 import os
 import random
 import time
@@ -36,9 +41,20 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 import asyncpg
 import grpc
 import grpc.aio
-from idempotency_client import AsyncIdempotencyClient, IdempotencyError, Outcome, RetryPolicy
+from idempotency_client import (
+    BYTES,
+    AsyncIdempotencyClient,
+    AsyncOnce,
+    FingerprintMismatch,
+    IdempotencyError,
+    InProgress,
+    LeaseLost,
+    Outcome,
+    RetryPolicy,
+)
 from idempotency_client.channels import Endpoints, aio_endpoints
 from idempotency_client.client import new_lease_token
+from idempotency_client.once import Settings, wait_within
 
 #: The logical call an attempt belongs to (set around each call).
 CURRENT_CALL: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("faults_call", default=None)
@@ -84,6 +100,14 @@ class Options:
     #: retention of every Claim and Complete, seconds (None: the server's
     #: default, 24 h); the checker looks for lost completions only within it
     retention: Optional[float] = None
+    #: once()'s on_in_progress: "wait" (on the server: a Claim that meets a
+    #: holder waits for its result or the lease), "poll", or "raise" (an
+    #: IN_PROGRESS delivery is redelivered after retry_after, as a broker
+    #: would: the workload before waiting Claims)
+    on_in_progress: str = "wait"
+    #: once()'s wait_timeout: how long a delivery waits for another holder in
+    #: all (each Claim within call_timeout) before it is redelivered
+    wait_timeout: float = 8.0
 
 
 class History:
@@ -133,6 +157,24 @@ class History:
                     out.write(json.dumps({"type": kind, **_jsonable(row)}) + "\n")
             for key, row in self.final.items():
                 out.write(json.dumps({"type": "final", "key": key, **_jsonable(row)}) + "\n")
+
+
+class NoAnswer(IdempotencyError):
+    """A call once() made had not returned NO_ANSWER_GRACE seconds after its
+    deadline (recorded as NO_ANSWER); once() sees it as a failed call."""
+
+
+class WorkFailed(Exception):
+    """The work failed on purpose (p_fail): once() Releases the key."""
+
+
+class EffectRefused(Exception):
+    """The ledger refused the effect (a newer lease wrote first), or failed
+    (`retry`): once() Releases the key."""
+
+    def __init__(self, retry: bool):
+        super().__init__("ledger failed" if retry else "a newer lease wrote first")
+        self.retry = retry
 
 
 def _jsonable(row: Dict[str, Any]) -> Dict[str, Any]:
@@ -190,6 +232,58 @@ def make_client(targets: List[str], history: History, options: Options) -> Async
     client._endpoints = Endpoints(endpoints, lambda endpoint: endpoint.channel.get_state(try_to_connect=True))
     client._unused_channels = unused
     return client
+
+
+class RecordedCalls:
+    """The calls once() makes (idempotency_client's AsyncLeaseCalls), each
+    made on the workload's client and recorded as a logical call of the
+    history, the same as the calls the workload makes itself; a failed call
+    raises its error to once() after it is recorded."""
+
+    def __init__(self, workload: "Workload", who: str):
+        self._workload = workload
+        self._who = who
+        self.timeout = workload.client.timeout
+        #: shared with the client: what its Claims learned of waiting
+        self.wait_support = workload.client.wait_support
+        self._fence: Optional[int] = None
+
+    async def claim(self, namespace, key, *, fingerprint=b"", lease_ttl=None, retention=None, wait=None):
+        workload = self._workload
+        token = new_lease_token()
+        rec, result = await workload.call(
+            "Claim", key, self._who,
+            lambda: workload.client.claim(namespace, key, fingerprint=fingerprint, lease_ttl=lease_ttl,
+                                          retention=retention, lease_token=token, wait=wait),
+            raise_errors=True, token=token, wait=wait and wait_within(wait, self.timeout))
+        workload._claimed(rec, result, asked_to_wait=wait is not None)
+        if result.outcome is Outcome.CLAIMED:
+            self._fence = result.fencing_token
+        return result
+
+    async def complete(self, namespace, key, lease_token, response=b"", *, retention=None):
+        workload = self._workload
+        _, result = await workload.call(
+            "Complete", key, self._who,
+            lambda: workload.client.complete(namespace, key, lease_token, response, retention=retention),
+            raise_errors=True, lease=lease_token, fence=self._fence, response=response)
+        return result
+
+    async def release(self, namespace, key, lease_token, *, checkpoint=None):
+        workload = self._workload
+        await workload.call(
+            "Release", key, self._who,
+            lambda: workload.client.release(namespace, key, lease_token, checkpoint=checkpoint),
+            raise_errors=True, lease=lease_token)
+
+    async def extend_lease(self, namespace, key, lease_token, *, lease_ttl=None, checkpoint=None, timeout=None):
+        workload = self._workload
+        _, result = await workload.call(
+            "ExtendLease", key, self._who,
+            lambda: workload.client.extend_lease(namespace, key, lease_token, lease_ttl=lease_ttl,
+                                                 checkpoint=checkpoint, timeout=timeout),
+            raise_errors=True, lease=lease_token)
+        return result
 
 
 class Ledger:
@@ -266,8 +360,10 @@ class Workload:
 
     # -- calls -------------------------------------------------------------
     async def call(self, op: str, key: str, who: str, make: Callable[[], Awaitable[Any]],
-                   **extra) -> Tuple[Dict[str, Any], Any]:
-        """One logical call, recorded: (record, result or None)."""
+                   raise_errors: bool = False, **extra) -> Tuple[Dict[str, Any], Any]:
+        """One logical call, recorded: (record, result or None). With
+        raise_errors, a failed call raises its error (NoAnswer when it did
+        not return in time) once it is recorded."""
         timeout = self.options.call_timeout
         rec: Dict[str, Any] = {"id": next(self._ids), "op": op, "key": key, "who": who,
                                "start": self.history.now(), "deadline": timeout, **extra}
@@ -278,6 +374,8 @@ class Workload:
             rec["code"] = "OK"
         except asyncio.TimeoutError:
             rec["code"] = "NO_ANSWER"
+            if raise_errors:
+                raise NoAnswer(f"{op} {key}: no answer {NO_ANSWER_GRACE} s after the deadline")
         except asyncio.CancelledError:  # the run was aborted
             rec["code"] = "CANCELLED"
             rec["aborted"] = True
@@ -285,14 +383,25 @@ class Workload:
         except IdempotencyError as error:
             rec["code"] = error.code.name if error.code is not None else type(error).__name__
             rec["error"] = str(error)[:300]
+            if raise_errors:
+                raise
         finally:
             CURRENT_CALL.reset(token)
             rec["end"] = self.history.now()
             self.history.calls.append(rec)
         return rec, result
 
-    def _claimed(self, rec: Dict[str, Any], result) -> None:
+    def _claimed(self, rec: Dict[str, Any], result, asked_to_wait: bool = False) -> None:
         rec["outcome"] = result.outcome.name
+        if asked_to_wait:
+            # Claims that asked to wait: the server waited for a holder, answered
+            # at once (nothing to wait for, or its waiter limit), or ignored the
+            # field (a server that predates waiting: once() polls).
+            if result.waited is None:
+                self.history.bump("wait_claims_ignored")
+            else:
+                rec["waited"] = result.waited.total_seconds()
+                self.history.bump("wait_claims_waited" if rec["waited"] > 0 else "wait_claims_at_once")
         if result.outcome is Outcome.CLAIMED:
             rec["fence"] = result.fencing_token
             rec["lease"] = result.lease_token
@@ -328,61 +437,85 @@ class Workload:
 
     async def _handle(self, key: str, who: str) -> None:
         o = self.options
+        luck = random.random()
+        if luck < o.p_vanish and self._producing:
+            await self._vanish(key, who)
+            return
+        fail = o.p_vanish <= luck < o.p_vanish + o.p_fail
+        ns = self.namespace
+
+        async def work(*, run) -> bytes:
+            if fail:
+                self.history.bump("failed_work")
+                raise WorkFailed()
+            if o.work:
+                await asyncio.sleep(o.work)
+            fence, lease = run.fencing_token, run.claim.lease_token
+            effect = {"key": key, "fence": fence, "lease": lease, "who": who, "start": self.history.now()}
+            try:
+                effect["accepted"] = await self.ledger.apply(key, fence, f"{who}/{lease[:8]}")
+            except Exception as error:  # the ledger failed: the work failed
+                effect["accepted"] = None
+                effect["error"] = str(error)[:200]
+            effect["end"] = self.history.now()
+            self.history.effects.append(effect)
+            if not effect["accepted"]:
+                # A newer lease wrote already (ours ran out): give the key back.
+                raise EffectRefused(retry=effect["accepted"] is None)
+            return f"{key}|{fence}|{lease[:12]}".encode()
+
+        settings = Settings(namespace=ns, key=key, lease_ttl=o.lease_ttl, retention=o.retention,
+                            on_in_progress=o.on_in_progress, wait_timeout=o.wait_timeout, serializer=BYTES,
+                            heartbeat=False)  # the lease is never extended: the work is short
+        try:
+            await AsyncOnce(RecordedCalls(self, who), settings).run(work)
+        except InProgress as busy:
+            # Another holder still had the key when the wait ran out (or at
+            # once, with "raise"): not acked, the broker redelivers.
+            self.history.bump("redelivered_in_progress")
+            wait = busy.retry_after.total_seconds() if busy.retry_after is not None else 0.5
+            self._deliver(key, min(max(wait, 0.05), o.lease_ttl + 0.5))
+        except WorkFailed:
+            self._deliver(key, 0.05)
+        except EffectRefused as refused:
+            if refused.retry:
+                self._deliver(key, 0.2)
+        except FingerprintMismatch:
+            self.history.bump("unexpected_outcome")  # the workload sends no fingerprint
+        except (LeaseLost, IdempotencyError):
+            self._deliver(key, 0.2)  # a call failed (recorded): a redelivery replays or takes over
+        # Otherwise: the work ran and was completed, or the stored result was
+        # replayed; acked.
+
+    async def _vanish(self, key: str, who: str) -> None:
+        """A consumer that dies after its Claim: no effect, no Complete, no
+        Release. The message was not acked: redelivered after the lease."""
+        o = self.options
         ns = self.namespace
         token = new_lease_token()
+        # It asks to wait as once() would: unless the server ignores it.
+        asks = o.on_in_progress == "wait" and self.client.wait_support.worth_asking()
+        wait = o.wait_timeout if asks else None
         rec, result = await self.call(
             "Claim", key, who, lambda: self.client.claim(ns, key, lease_ttl=o.lease_ttl, lease_token=token,
-                                                      retention=o.retention),
-            token=token)
+                                                      retention=o.retention, wait=wait),
+            token=token, wait=wait and wait_within(wait, self.client.timeout))
         if result is None:
             self._deliver(key, 0.2)  # not acked: the broker redelivers
             return
-        self._claimed(rec, result)
+        self._claimed(rec, result, asked_to_wait=wait is not None)
         if result.outcome is Outcome.COMPLETED:
             return  # the replay: ack
         if result.outcome is Outcome.IN_PROGRESS:
+            self.history.bump("redelivered_in_progress")
             wait = result.retry_after.total_seconds() if result.retry_after is not None else 0.5
             self._deliver(key, min(max(wait, 0.05), o.lease_ttl + 0.5))
             return
         if result.outcome is not Outcome.CLAIMED:
             self.history.bump("unexpected_outcome")
             return
-        fence = result.fencing_token
-        lease = result.lease_token
-        luck = random.random()
-        if luck < o.p_vanish and self._producing:
-            # The consumer dies after its Claim: no effect, no Complete, no
-            # Release. The message was not acked: redelivered after the lease.
-            self.history.bump("vanished")
-            self._deliver(key, o.lease_ttl + 0.2)
-            return
-        if o.p_vanish <= luck < o.p_vanish + o.p_fail:
-            self.history.bump("failed_work")
-            await self.call("Release", key, who, lambda: self.client.release(ns, key, lease), lease=lease)
-            self._deliver(key, 0.05)
-            return
-        if o.work:
-            await asyncio.sleep(o.work)
-        effect = {"key": key, "fence": fence, "lease": lease, "who": who, "start": self.history.now()}
-        try:
-            effect["accepted"] = await self.ledger.apply(key, fence, f"{who}/{lease[:8]}")
-        except Exception as error:  # the ledger failed: the work failed
-            effect["accepted"] = None
-            effect["error"] = str(error)[:200]
-        effect["end"] = self.history.now()
-        self.history.effects.append(effect)
-        if not effect["accepted"]:
-            # A newer lease wrote already (ours ran out): give the key back.
-            await self.call("Release", key, who, lambda: self.client.release(ns, key, lease), lease=lease)
-            if effect["accepted"] is None:
-                self._deliver(key, 0.2)
-            return
-        response = f"{key}|{fence}|{lease[:12]}".encode()
-        rec, _ = await self.call("Complete", key, who, lambda: self.client.complete(ns, key, lease, response,
-                                                                                   retention=o.retention),
-                                 lease=lease, fence=fence, response=response)
-        if rec["code"] != "OK":
-            self._deliver(key, 0.2)  # not acked: a redelivery replays or takes over
+        self.history.bump("vanished")
+        self._deliver(key, o.lease_ttl + 0.2)
 
     async def _producer(self) -> None:
         o = self.options
@@ -400,6 +533,9 @@ class Workload:
 
     # -- the run -----------------------------------------------------------
     async def start(self) -> None:
+        # once() logs a failed Release or heartbeat as a warning; the history
+        # records every call already.
+        logging.getLogger("idempotency_client").setLevel(logging.ERROR)
         self.client = make_client(self.targets, self.history, self.options)
         self._tasks = [asyncio.create_task(self._consumer(i)) for i in range(self.options.consumers)]
         self._producer_task = asyncio.create_task(self._producer())

@@ -23,6 +23,16 @@ fails, with the errors seen.
 
 FAULTS_PGBOUNCER_POOL_MODE=session runs it all in session pooling (which
 works: each client connection keeps its server connection).
+
+In session pooling each connection a replica opens holds one of PgBouncer's
+server connections for as long as it stays open, so PgBouncer's pool must
+cover every replica's pool (IDEMPOTENCY_DB_POOL_SIZE, plus the one more the
+service opens, plus its feed's listener): the scenario sets
+IDEMPOTENCY_DB_POOL_SIZE=SESSION_DB_POOL_SIZE on the replicas and PgBouncer's
+default_pool_size to what 3 of them can hold. With less (PgBouncer's 20 for
+3 replicas of the default 16), the replicas that grow their pools first keep
+every server connection and the last one starves: PoolTimedOut, NOT_SERVING
+until the end (seen once waiting Claims made the replicas read more at once).
 """
 
 from __future__ import annotations
@@ -37,6 +47,10 @@ import time
 from faults.cluster import free_port, health_status, server_binary
 from faults.infra.pg import sweep, PgBouncer, Postgres, ensure_commands
 from faults.scenario import Env, Scenario
+
+#: The replicas' pool in session pooling (IDEMPOTENCY_DB_POOL_SIZE); each
+#: replica holds at most this + 2 of PgBouncer's server connections.
+SESSION_DB_POOL_SIZE = 8
 
 #: A message of the service's that names what to set.
 SAYS_WHAT_TO_SET = re.compile(r"pool_mode|max_prepared_statements|transaction pool", re.I)
@@ -135,6 +149,11 @@ class PgBouncerScenario(Scenario):
             return str(error)
         return None
 
+    def _session_settings(self, settings: dict) -> dict:
+        """PgBouncer's settings in session pooling: a pool that covers every
+        replica's connections (see the module's doc)."""
+        return {**settings, "default_pool_size": self.replicas * (SESSION_DB_POOL_SIZE + 2)}
+
     def _bouncer(self, env: Env, mode: str, settings: dict) -> PgBouncer:
         bouncer = PgBouncer(_AsPostgres(env.pg), pool_mode=mode, settings=settings)
         self.bouncers.append(bouncer)
@@ -159,8 +178,11 @@ class PgBouncerScenario(Scenario):
         settings = {"ignore_startup_parameters": "extra_float_digits,options"}
         if newer:
             settings["max_prepared_statements"] = 200
+        if self.mode == "session":
+            settings = self._session_settings(settings)
         bouncer = await asyncio.to_thread(self._bouncer, env, self.mode, settings)
-        extra = {"IDEMPOTENCY_REPLAY_CACHE_BYTES": "0"} if self.mode == "transaction" else {}
+        extra = ({"IDEMPOTENCY_REPLAY_CACHE_BYTES": "0"} if self.mode == "transaction"
+                 else {"IDEMPOTENCY_DB_POOL_SIZE": str(SESSION_DB_POOL_SIZE)})
         second = await probe(bouncer.url("idempotency"), extra, str(logs / "probe-configured.log"))
         env.note("probe_configured", {"pgbouncer_settings": settings, "replica_env": extra, **second})
 
@@ -173,8 +195,9 @@ class PgBouncerScenario(Scenario):
             env.replica_env.update(extra)
         elif said:
             self.outcome = "the service detects the transaction pooler and says what to set; load in session mode"
-            session = await asyncio.to_thread(self._bouncer, env, "session", settings)
+            session = await asyncio.to_thread(self._bouncer, env, "session", self._session_settings(settings))
             env.database_url = session.url("idempotency")
+            env.replica_env["IDEMPOTENCY_DB_POOL_SIZE"] = str(SESSION_DB_POOL_SIZE)
         else:
             raise RuntimeError(
                 f"through {version} in {self.mode} pooling the service neither works nor says what to set:\n"
