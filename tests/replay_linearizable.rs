@@ -505,25 +505,7 @@ async fn waiters_whose_listener_is_cut_still_get_the_holders_result() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_cut_silently_stops_the_cache_and_is_replaced() {
     let store = StoreFixture::new(Backend::Postgres).await;
-    let url = store.database_url.clone().unwrap();
-    // The server the URL names (host:port between '@' and the database).
-    let authority = url
-        .split('@')
-        .nth(1)
-        .and_then(|rest| rest.split('/').next());
-    let upstream: std::net::SocketAddr = authority
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("a numeric host:port in {url}"));
-    let relay = Relay::start(upstream).await;
-    let a = TestServer::start(store.config()).await;
-    let mut relayed = store.config();
-    // Plaintext, so that the relay can see which connection listens.
-    relayed.database_url = Some(format!(
-        "{}&sslmode=disable",
-        url.replace(&upstream.to_string(), &relay.addr.to_string())
-    ));
-    let b = TestServer::start(relayed).await;
-    let servers = [a, b];
+    let (relay, servers) = a_and_relayed_b(&store).await;
     completed_and_read_everywhere(&clients(&servers), "evt_cut", b"kept").await;
     held_in_memory_everywhere(&store, &servers, "evt_cut", b"kept").await;
 
