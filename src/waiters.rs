@@ -66,7 +66,7 @@ pub struct Slot {
     /// When the slot was last woken.
     woken_at: Mutex<Instant>,
     /// The last read of the key, with the instant it started.
-    read: tokio::sync::Mutex<Option<(Instant, Snapshot)>>,
+    read: tokio::sync::Mutex<Option<(Instant, Result<Snapshot, Error>)>>,
     /// Held by the one waiter here that tries to take the key.
     turn: tokio::sync::Mutex<()>,
     /// The waiters on the key, changed under the registry's lock.
@@ -248,7 +248,9 @@ impl Slot {
 
     /// A read of the key that started at or after `not_before`: the slot's
     /// last one when it is recent enough, else a new one by `read` (one
-    /// waiter reads, the others wait for it and share it).
+    /// waiter reads, the others wait for it and share it). A failed read is
+    /// shared too: the waiters of a key behind an unreachable database fail
+    /// together, instead of each waiting its turn for a timeout.
     pub async fn read<F, Fut>(
         &self,
         not_before: Instant,
@@ -259,15 +261,22 @@ impl Slot {
         Fut: std::future::Future<Output = Result<Snapshot, Error>>,
     {
         let mut last = self.read.lock().await;
-        if let Some((started, snapshot)) = last.as_ref()
+        if let Some((started, result)) = last.as_ref()
             && *started >= not_before
         {
-            return Ok((*started, snapshot.clone()));
+            return match result {
+                Ok(snapshot) => Ok((*started, snapshot.clone())),
+                Err(error) => Err(error.replicate()),
+            };
         }
         let started = Instant::now();
-        let snapshot = read().await?;
-        *last = Some((started, snapshot.clone()));
-        Ok((started, snapshot))
+        let result = read().await;
+        let answer = match &result {
+            Ok(snapshot) => Ok((started, snapshot.clone())),
+            Err(error) => Err(error.replicate()),
+        };
+        *last = Some((started, result));
+        answer
     }
 
     /// The turn to try the guarded claim, one waiter here at a time.
@@ -350,6 +359,23 @@ mod tests {
         assert_eq!(reads.load(Ordering::SeqCst), 1);
         waiting.slot.read(Instant::now(), read).await.unwrap();
         assert_eq!(reads.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_failed_read_fails_every_waiter_that_needs_nothing_newer() {
+        let waiters = Waiters::new(10);
+        let (ns, a) = name("a");
+        let waiting = waiters.join(&ns, &a).unwrap();
+        let reads = AtomicUsize::new(0);
+        let read = || async {
+            reads.fetch_add(1, Ordering::SeqCst);
+            Err(Error::Unavailable("down".into()))
+        };
+        let joined = Instant::now();
+        assert!(waiting.slot.read(joined, read).await.is_err());
+        let shared = waiting.slot.read(joined, read).await;
+        assert!(matches!(shared, Err(Error::Unavailable(_))));
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
