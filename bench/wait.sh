@@ -11,9 +11,12 @@
 #     clients/python/src/idempotency_client/_async/once.py): Claim, and on
 #     OUTCOME_IN_PROGRESS Claim again after 100 ms, 200 ms, 400 ms …, never
 #     past retry_after.
-# Before the measured rounds: warm-up rounds of both, unrecorded, and
-# holder-only rounds (no duplicates: what the holder's Claim and Complete
-# cost, subtracted from the statement counts).
+# After each pair, a floor round: the holder Completes at once, then the
+# duplicates send one plain Claim each (what 64 answers cost this client,
+# server and machine with nothing to wait for). Before the measured rounds:
+# warm-up rounds of both, unrecorded, and holder-only rounds (no duplicates:
+# what the holder's Claim and Complete cost, subtracted from the statement
+# counts).
 #
 # Reported per mode (bench/wait/run.py; the table in DIR/summary.md):
 #   - time from the holder's Complete returning to the last duplicate's final

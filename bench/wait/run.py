@@ -7,9 +7,11 @@ A round: the holder (this process) Claims a fresh key, the duplicates (in
 --processes worker processes, duplicates.py) start their Claims on it, the
 holder Completes --work-ms after its Claim returned; each duplicate's final
 answer is timed from the moment the holder's Complete returned. Rounds
-alternate between waiting and polling (calls.py); before them, unrecorded
-warm-up rounds of both, and holder-only rounds (no duplicates), which measure
-what the holder itself costs the database.
+alternate between waiting and polling (calls.py), each pair followed by a
+floor round (the holder Completes at once, then each duplicate sends one
+plain Claim, timed from when they were told to start); before them,
+unrecorded warm-up rounds of both, and holder-only rounds (no duplicates),
+which measure what the holder itself costs the database.
 
 Around each round: pg_stat_statements of the bench database (read from the
 postgres database, so the reading never counts itself), the server's CPU
