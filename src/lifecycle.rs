@@ -132,6 +132,9 @@ impl<S: Store> Lifecycle<S> {
         wait: Duration,
     ) -> Result<Waited, Error> {
         let new_lease = self.new_lease(request)?;
+        // What the Claim's own read saw is at least this fresh: a read of the
+        // key's waiters started since then serves this waiter as well.
+        let asked = Instant::now();
         let outcome = self.claim_lease(&new_lease).await?;
         if wait.is_zero() || !matches!(outcome, ClaimOutcome::InProgress { .. }) {
             return Ok(Waited {
@@ -148,7 +151,7 @@ impl<S: Store> Lifecycle<S> {
         };
         let started = Instant::now();
         let deadline = started + wait;
-        let outcome = self.wait_on(&waiting, &new_lease, deadline).await;
+        let outcome = self.wait_on(&waiting, &new_lease, asked, deadline).await;
         let waited = started.elapsed();
         let name = match &outcome {
             Ok(ClaimOutcome::Completed { .. }) => "completed",
@@ -174,10 +177,11 @@ impl<S: Store> Lifecycle<S> {
         &self,
         waiting: &Waiting,
         lease: &NewLease,
+        asked: Instant,
         deadline: Instant,
     ) -> Result<ClaimOutcome, Error> {
         let slot = &waiting.slot;
-        let mut not_before = Instant::now();
+        let mut not_before = asked;
         let mut cause = "joined";
         loop {
             let mut woken = slot.woken();

@@ -246,8 +246,8 @@ impl Slot {
         notified
     }
 
-    /// A read of the key that started at or after `not_before`: the slot's
-    /// last one when it is recent enough, else a new one by `read` (one
+    /// A read of the key that started at or after `not_before` and after the
+    /// slot was last woken: the slot's last one when it is recent enough, else a new one by `read` (one
     /// waiter reads, the others wait for it and share it). A failed read is
     /// shared too: the waiters of a key behind an unreachable database fail
     /// together, instead of each waiting its turn for a timeout.
@@ -261,6 +261,9 @@ impl Slot {
         Fut: std::future::Future<Output = Result<Snapshot, Error>>,
     {
         let mut last = self.read.lock().await;
+        // Nothing announced since the read started: a change committed after
+        // it would have woken the slot later than that.
+        let not_before = not_before.max(self.woken_at());
         if let Some((started, result)) = last.as_ref()
             && *started >= not_before
         {
