@@ -224,9 +224,10 @@ check "docs/clients.md Python snippet, run again (both replayed)" "$tmp/again.ex
 
 snippet clients-batch.py batch.py "$addr"
 check "docs/clients.md Batches snippet" "$tmp/snippets/clients-batch.expected" "$py" batch.py
-# "Run it again and every item is COMPLETED ... and there is nothing to complete."
-echo "['COMPLETED', 'COMPLETED', 'COMPLETED']" >"$tmp/batch-again.expected"
-check "docs/clients.md Batches snippet, run again (all COMPLETED)" "$tmp/batch-again.expected" "$py" batch.py
+# "Run it again and m-1 and m-2 (both copies) replay, the other body is still
+# parked and m-3 is still held elsewhere, so there is nothing to complete."
+echo "['ack: replay', 'ack: replay', 'ack: replay', 'park', 'retry later']" >"$tmp/batch-again.expected"
+check "docs/clients.md Batches snippet, run again (replays, nothing to complete)" "$tmp/batch-again.expected" "$py" batch.py
 
 cat >"$tmp/readme-prelude.py" <<'PY'
 # check-quickstart: what README's fragment takes from the reader's code.
