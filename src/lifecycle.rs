@@ -132,9 +132,6 @@ impl<S: Store> Lifecycle<S> {
         wait: Duration,
     ) -> Result<Waited, Error> {
         let new_lease = self.new_lease(request)?;
-        // What the Claim's own read saw is at least this fresh: a read of the
-        // key's waiters started since then serves this waiter as well.
-        let asked = Instant::now();
         let outcome = self.claim_lease(&new_lease).await?;
         if wait.is_zero() || !matches!(outcome, ClaimOutcome::InProgress { .. }) {
             return Ok(Waited {
@@ -151,7 +148,7 @@ impl<S: Store> Lifecycle<S> {
         };
         let started = Instant::now();
         let deadline = started + wait;
-        let outcome = self.wait_on(&waiting, &new_lease, asked, deadline).await;
+        let outcome = self.wait_on(&waiting, &new_lease, deadline).await;
         let waited = started.elapsed();
         let name = match &outcome {
             Ok(ClaimOutcome::Completed { .. }) => "completed",
@@ -177,11 +174,15 @@ impl<S: Store> Lifecycle<S> {
         &self,
         waiting: &Waiting,
         lease: &NewLease,
-        asked: Instant,
         deadline: Instant,
     ) -> Result<ClaimOutcome, Error> {
         let slot = &waiting.slot;
-        let mut not_before = asked;
+        // A first read by another waiter here serves this one too, even one
+        // that started before this Claim's own: it marked the row, so any
+        // change since it was made has woken the slot (and invalidated it),
+        // and a change before it was seen by it. Later reads must be newer
+        // than what woke the waiter.
+        let mut not_before = None;
         let mut cause = "joined";
         loop {
             let mut woken = slot.woken();
@@ -219,7 +220,7 @@ impl<S: Store> Lifecycle<S> {
                             () = self.waiters.stopping() => return Ok(answer()),
                             () = tokio::time::sleep_until(deadline) => return Ok(answer()),
                             () = &mut woken => {
-                                not_before = slot.woken_at();
+                                not_before = Some(slot.woken_at());
                                 cause = "woken";
                                 break;
                             }
@@ -227,7 +228,7 @@ impl<S: Store> Lifecycle<S> {
                                 if wake_at < read_at_wake {
                                     continue;
                                 }
-                                not_before = wake_at;
+                                not_before = Some(wake_at);
                                 cause = if wake_at < expiry { "poll" } else { "lease_expired" };
                                 break;
                             }
@@ -239,7 +240,7 @@ impl<S: Store> Lifecycle<S> {
                     let turn = slot.turn().await;
                     // Another waiter here took its turn meanwhile: read again.
                     if slot.woken_at() > read_at {
-                        not_before = slot.woken_at();
+                        not_before = Some(slot.woken_at());
                         cause = "woken";
                         continue;
                     }
@@ -253,7 +254,7 @@ impl<S: Store> Lifecycle<S> {
                             retried: false,
                         });
                     }
-                    not_before = slot.woken_at();
+                    not_before = Some(slot.woken_at());
                     cause = "lost";
                 }
             }

@@ -246,14 +246,15 @@ impl Slot {
         notified
     }
 
-    /// A read of the key that started at or after `not_before` and after the
-    /// slot was last woken: the slot's last one when it is recent enough, else a new one by `read` (one
+    /// A read of the key that started after the slot was last woken (and at
+    /// or after `not_before`, when given): the slot's last one when it is
+    /// recent enough, else a new one by `read` (one
     /// waiter reads, the others wait for it and share it). A failed read is
     /// shared too: the waiters of a key behind an unreachable database fail
     /// together, instead of each waiting its turn for a timeout.
     pub async fn read<F, Fut>(
         &self,
-        not_before: Instant,
+        not_before: Option<Instant>,
         read: F,
     ) -> Result<(Instant, Snapshot), Error>
     where
@@ -263,9 +264,13 @@ impl Slot {
         let mut last = self.read.lock().await;
         // Nothing announced since the read started: a change committed after
         // it would have woken the slot later than that.
-        let not_before = not_before.max(self.woken_at());
+        // A failure is shared only with waiters that needed a read made then
+        // (not with one that joins later, after the database is back).
+        let shares_failure = not_before.is_some();
+        let not_before = not_before.map_or(self.woken_at(), |at| at.max(self.woken_at()));
         if let Some((started, result)) = last.as_ref()
             && *started >= not_before
+            && (result.is_ok() || shares_failure)
         {
             return match result {
                 Ok(snapshot) => Ok((*started, snapshot.clone())),
@@ -357,10 +362,10 @@ mod tests {
             })
         };
         let joined = Instant::now();
-        waiting.slot.read(joined, read).await.unwrap();
-        waiting.slot.read(joined, read).await.unwrap();
+        waiting.slot.read(Some(joined), read).await.unwrap();
+        waiting.slot.read(Some(joined), read).await.unwrap();
         assert_eq!(reads.load(Ordering::SeqCst), 1);
-        waiting.slot.read(Instant::now(), read).await.unwrap();
+        waiting.slot.read(Some(Instant::now()), read).await.unwrap();
         assert_eq!(reads.load(Ordering::SeqCst), 2);
     }
 
@@ -375,8 +380,8 @@ mod tests {
             Err(Error::Unavailable("down".into()))
         };
         let joined = Instant::now();
-        assert!(waiting.slot.read(joined, read).await.is_err());
-        let shared = waiting.slot.read(joined, read).await;
+        assert!(waiting.slot.read(Some(joined), read).await.is_err());
+        let shared = waiting.slot.read(Some(joined), read).await;
         assert!(matches!(shared, Err(Error::Unavailable(_))));
         assert_eq!(reads.load(Ordering::SeqCst), 1);
     }
