@@ -109,15 +109,6 @@ impl<S: Store> Lifecycle<S> {
         })
     }
 
-    /// Claim: insert the key if it has no record, else read it (one step),
-    /// answer from the read when it is decided (replay, in progress,
-    /// mismatch), else try the guarded claim. A lost race is read again, so
-    /// the loser learns who won.
-    pub async fn claim(&self, request: ClaimRequest) -> Result<ClaimOutcome, Error> {
-        let new_lease = self.new_lease(request)?;
-        self.claim_lease(&new_lease).await
-    }
-
     /// A Claim that may wait up to `wait` (already within the server's
     /// maximum and the call's deadline) for another holder's live lease to
     /// end. It answers as a Claim would, except that OUTCOME_IN_PROGRESS
@@ -261,7 +252,10 @@ impl<S: Store> Lifecycle<S> {
         }
     }
 
-    /// The Claim's own steps, for a lease already made.
+    /// Claim, for a lease already made: insert the key if it has no record,
+    /// else read it (one step), answer from the read when it is decided
+    /// (replay, in progress, mismatch), else try the guarded claim. A lost
+    /// race is read again, so the loser learns who won.
     async fn claim_lease(&self, new_lease: &NewLease) -> Result<ClaimOutcome, Error> {
         let new_lease = new_lease.clone();
         let mut first = Some(self.store.claim_or_fetch(&new_lease).await?);

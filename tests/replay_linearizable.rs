@@ -438,7 +438,7 @@ impl Relay {
 }
 
 /// A's server, and b's behind a relay that can silence its listener.
-async fn a_and_relayed_b(store: &StoreFixture) -> (Relay, [TestServer; 2]) {
+async fn a_and_relayed_b(store: &StoreFixture, b_max_waiters: usize) -> (Relay, [TestServer; 2]) {
     let url = store.database_url.clone().unwrap();
     // The server the URL names (host:port between '@' and the database).
     let authority = url
@@ -451,6 +451,7 @@ async fn a_and_relayed_b(store: &StoreFixture) -> (Relay, [TestServer; 2]) {
     let relay = Relay::start(upstream).await;
     let a = TestServer::start(store.config()).await;
     let mut relayed = store.config();
+    relayed.max_waiters = b_max_waiters;
     // Plaintext, so that the relay can see which connection listens.
     relayed.database_url = Some(format!(
         "{}&sslmode=disable",
@@ -463,24 +464,47 @@ async fn a_and_relayed_b(store: &StoreFixture) -> (Relay, [TestServer; 2]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_whose_listener_is_cut_still_get_the_holders_result() {
     let store = StoreFixture::new(Backend::Postgres).await;
-    let (relay, servers) = a_and_relayed_b(&store).await;
+    // b lets exactly its 8 waiters wait: a probe Claim that asks to wait on
+    // another held key is turned away (waited zero) once they are all in.
+    let (relay, servers) = a_and_relayed_b(&store, 8).await;
     let holder = claim(&mut servers[0].client.clone(), NS, "evt_wait").await;
     assert_eq!(outcome(&holder), Outcome::Claimed);
+    let probe = claim(&mut servers[0].client.clone(), NS, "evt_probe").await;
+    assert_eq!(outcome(&probe), Outcome::Claimed);
     relay.silence_listeners();
+    let waiting_request = |key: &str, millis: u64| {
+        let mut request = claim_request(NS, key);
+        request.wait =
+            Some(prost_types::Duration::try_from(Duration::from_millis(millis)).unwrap());
+        request
+    };
+    let turned_away =
+        |answer: &ClaimResponse| answer.waited == Some(prost_types::Duration::default());
     let waiting: Vec<_> = (0..8)
         .map(|_| {
             let mut client = servers[1].client.clone();
+            let request = waiting_request("evt_wait", 20_000);
             tokio::spawn(async move {
-                let mut request = claim_request(NS, "evt_wait");
-                request.wait = Some(prost_types::Duration {
-                    seconds: 20,
-                    nanos: 0,
-                });
-                client.claim(request).await.unwrap().into_inner()
+                // Asked again if the probe took its place for a moment.
+                loop {
+                    let answer = client.claim(request.clone()).await.unwrap().into_inner();
+                    if !turned_away(&answer) {
+                        return answer;
+                    }
+                }
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let all_in = eventually(Duration::from_secs(20), || {
+        let mut client = servers[1].client.clone();
+        let request = waiting_request("evt_probe", 1);
+        async move {
+            let answer = client.claim(request).await.unwrap().into_inner();
+            turned_away(&answer).then_some(())
+        }
+    })
+    .await;
+    assert!(all_in.is_some(), "b's waiters never all waited");
     let completed_at = Instant::now();
     complete(
         &mut servers[0].client.clone(),
@@ -505,7 +529,7 @@ async fn waiters_whose_listener_is_cut_still_get_the_holders_result() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_cut_silently_stops_the_cache_and_is_replaced() {
     let store = StoreFixture::new(Backend::Postgres).await;
-    let (relay, servers) = a_and_relayed_b(&store).await;
+    let (relay, servers) = a_and_relayed_b(&store, store.config().max_waiters).await;
     completed_and_read_everywhere(&clients(&servers), "evt_cut", b"kept").await;
     held_in_memory_everywhere(&store, &servers, "evt_cut", b"kept").await;
 

@@ -53,6 +53,15 @@ async fn replicas(store: &StoreFixture, per_replica: usize) -> Vec<TestServer> {
     servers
 }
 
+/// A fresh store and its replicas, each with room for exactly its share of
+/// the `WAITERS`.
+async fn room_for_all_waiters(backend: Backend) -> (StoreFixture, Vec<TestServer>) {
+    let store = StoreFixture::new(backend).await;
+    let replicas_count = if backend == Backend::Sqlite { 1 } else { 2 };
+    let servers = replicas(&store, WAITERS / replicas_count).await;
+    (store, servers)
+}
+
 /// A Claim that waits, asked again when the replica had no room (a probe
 /// took the place for a moment): what a caller gets once it waits.
 async fn wait_for(mut client: Client, key: String, wait: Duration) -> ClaimResponse {
@@ -166,12 +175,7 @@ fn one_claimed_the_rest_replayed(all: &[ClaimResponse], fencing: u64) {
 }
 
 pub async fn waiters_get_the_stored_response_when_the_holder_completes(backend: Backend) {
-    let store = StoreFixture::new(backend).await;
-    let servers = replicas(
-        &store,
-        WAITERS / if backend == Backend::Sqlite { 1 } else { 2 },
-    )
-    .await;
+    let (_store, servers) = room_for_all_waiters(backend).await;
     let holder = hold(&servers, "k", None).await;
     let waiters = start_waiters(&servers, "k", Duration::from_secs(20));
     until_full(&servers).await;
@@ -194,12 +198,7 @@ pub async fn waiters_get_the_stored_response_when_the_holder_completes(backend: 
 pub async fn when_the_holder_releases_one_waiter_claims_and_the_rest_get_its_result(
     backend: Backend,
 ) {
-    let store = StoreFixture::new(backend).await;
-    let servers = replicas(
-        &store,
-        WAITERS / if backend == Backend::Sqlite { 1 } else { 2 },
-    )
-    .await;
+    let (_store, servers) = room_for_all_waiters(backend).await;
     let holder = hold(&servers, "k", None).await;
     let waiters = start_waiters(&servers, "k", Duration::from_secs(20));
     until_full(&servers).await;
@@ -213,12 +212,7 @@ pub async fn when_the_holder_releases_one_waiter_claims_and_the_rest_get_its_res
 }
 
 pub async fn when_the_holder_vanishes_one_waiter_takes_over_at_its_lease_expiry(backend: Backend) {
-    let store = StoreFixture::new(backend).await;
-    let servers = replicas(
-        &store,
-        WAITERS / if backend == Backend::Sqlite { 1 } else { 2 },
-    )
-    .await;
+    let (_store, servers) = room_for_all_waiters(backend).await;
     // A holder with a one-second lease that never comes back.
     hold(&servers, "k", secs(1)).await;
     let waiters = start_waiters(&servers, "k", Duration::from_secs(20));
@@ -229,12 +223,7 @@ pub async fn when_the_holder_vanishes_one_waiter_takes_over_at_its_lease_expiry(
 pub async fn a_purge_while_claims_wait_lets_one_claim_and_the_rest_get_its_result(
     backend: Backend,
 ) {
-    let store = StoreFixture::new(backend).await;
-    let servers = replicas(
-        &store,
-        WAITERS / if backend == Backend::Sqlite { 1 } else { 2 },
-    )
-    .await;
+    let (_store, servers) = room_for_all_waiters(backend).await;
     let holder = hold(&servers, "k", None).await;
     let waiters = start_waiters(&servers, "k", Duration::from_secs(20));
     until_full(&servers).await;
