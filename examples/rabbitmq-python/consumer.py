@@ -72,16 +72,20 @@ HERE = pathlib.Path(__file__).resolve().parent
 # The effect, in one transaction. Both upserts carry the lease's fencing token
 # and only overwrite a row written under an OLDER token and for the SAME body
 # (its SHA-256, the fingerprint the Claim carried):
-# - a rerun by a newer lease (the previous holder died after the commit,
-#   before Complete) rewrites the same values;
+# - a rerun by a newer lease rewrites the same values: the previous holder
+#   died after the commit, before Complete; or the copy is a late retry, which
+#   the service re-executes under the next token while it remembers the key
+#   (its result expired, the key completed less than IDEMPOTENCY_REMEMBER_FOR
+#   ago, 7 days by default): still one order, one ledger entry;
 # - a write by an older or equal lease writes nothing: it is a holder that
 #   stalled past its lease (its Complete will be refused), or a copy that
-#   arrived after the key's record expired and was reaped, whose new record
-#   starts again at token 1. apply_order() then returns the row that is there
-#   as the receipt, and Complete decides;
+#   arrived after the service forgot the key (past that horizon its record is
+#   deleted and the next one starts again at token 1). apply_order() then
+#   returns the row that is there as the receipt, and Complete decides;
 # - a different body under an order id already applied never overwrites it,
-#   whatever its token (after a reaping the service cannot tell it is a
-#   mismatch any more; the row can): LedgerConflict, and the message is parked.
+#   whatever its token (a re-executed late retry is not checked against the
+#   first body's fingerprint, and a forgotten key has none; the row has it):
+#   LedgerConflict, and the message is parked.
 UPSERT_ORDER = """
 INSERT INTO orders (order_id, customer, amount_cents, message_id, body_sha256, fencing)
 VALUES ($1, $2, $3, $4, $5, $6)
@@ -283,9 +287,10 @@ class Consumer:
                             "the idempotency service holds another body's fingerprint for this message id")
             return
         except LedgerConflict as error:
-            # The same, found by the ledger: the first body's record expired
-            # and was reaped, so the Claim could not tell. once() released the
-            # key; nothing was written.
+            # The same, found by the ledger: the first body's result expired,
+            # so the Claim could not tell (a late retry is re-executed without
+            # comparing fingerprints; a forgotten key has none). once()
+            # released the key; nothing was written.
             log.error("message %s: %s; parking it", message_id, error)
             await self.park(message, message_id, copy, "conflicts_with_applied_order", str(error))
             return
@@ -304,12 +309,21 @@ class Consumer:
         except Exception as error:  # the channel closed under us: it is redelivered, and replays
             log.warning("message %s: ack failed (%s); the redelivery will replay", message_id, error)
             return
+        # A late retry: the key completed before (at completed_at) and its
+        # result expired, and the service re-executed it under the next
+        # token. Worth a line: it means the retention is shorter than the
+        # span over which copies still come.
+        late = None if run.replayed else run.claim.completed_at
         if run.replayed:
             how = "replayed the stored receipt"
+        elif late is not None:
+            how = (f"a late retry (completed before at {late.isoformat()}, its result expired): re-executed "
+                   f"under fencing token {run.fencing_token}, " + ("rewrote the same rows" if wrote[-1] else
+                   f"the rows stand under fencing token {receipt['fencing']}"))
         elif wrote[-1]:
             how = f"applied under fencing token {receipt['fencing']}"
         else:
-            how = (f"already applied under fencing token {receipt['fencing']} (its record had expired); "
+            how = (f"already applied under fencing token {receipt['fencing']} (the service had forgotten the key); "
                    "completed with that receipt")
         log.info("message %s: %s, acked", message_id, how)
         self.journal.write(
@@ -318,6 +332,7 @@ class Consumer:
             copy=copy,
             replayed=run.replayed,
             wrote=bool(not run.replayed and wrote[-1]),
+            late_retry=late.isoformat() if late is not None else None,
             redelivered=message.redelivered,
             receipt=receipt,
             pid=os.getpid(),

@@ -15,8 +15,10 @@ killed with SIGKILL at each dangerous point and restarted.
      queue empty, the altered copy in the parking queue with its reason.
 
 Then the cases around it: a stalled holder fenced off; a late copy after the
-key's record expired and was reaped (same body: completed with the ledger's
-receipt, nothing written; another body: parked, nothing overwritten); a
+key's result expired, while the service remembers the key (re-executed under
+the next fencing token: the same body rewrites the same rows, another body is
+parked) and after it forgot the key (token 1 again: the same body completes
+with the ledger's receipt, nothing written; another body is parked); a
 ledger outage longer than the retry budget (parked, then moved back by the
 operator's script and applied once); the delivery limit dead-lettering into
 the parking queue; Purge alone against the operator's procedure.
@@ -87,10 +89,23 @@ def server(tmp_path):
 
 @pytest.fixture
 def reaping_server(tmp_path):
-    """A server whose reaper runs every second (the default is every minute)."""
+    """A server whose reaper runs every second (the default is every minute),
+    remembering completed keys as by default (7 days past their Complete)."""
     data_dir = tmp_path / "service"
     data_dir.mkdir()
     with ServerProcess.start(data_dir=data_dir, env={"IDEMPOTENCY_REAPER_INTERVAL": "1s"}) as server:
+        server.data_dir = data_dir
+        yield server
+
+
+@pytest.fixture
+def forgetting_server(tmp_path):
+    """The same, remembering nothing past a result's retention
+    (IDEMPOTENCY_REMEMBER_FOR=0s): what any server does past a key's horizon."""
+    data_dir = tmp_path / "service"
+    data_dir.mkdir()
+    env = {"IDEMPOTENCY_REAPER_INTERVAL": "1s", "IDEMPOTENCY_REMEMBER_FOR": "0s"}
+    with ServerProcess.start(data_dir=data_dir, env=env) as server:
         server.data_dir = data_dir
         yield server
 
@@ -524,17 +539,105 @@ def effect_runs(orders_db: str) -> list:
     return [r["fencing"] for r in asyncio.run(fetch(orders_db, "SELECT fencing FROM effect_runs ORDER BY run_id"))]
 
 
-def test_late_copy_after_the_record_was_reaped(tmp_path, reaping_server, orders_db, queue_name):
-    """Issue 26, defect 1. An order completes with a 1 s retention; its record
-    expires and the reaper deletes it, so the next Claim of the key starts
-    again at fencing token 1, the token the rows already carry.
+def remembered(server, key: str, token: int):
+    """The key's Get while the service remembers it (its result expired):
+    STATE_ABSENT with remembered_until set, under the last lease's token."""
+    with IdempotencyClient(server.target) as client:
+        record = client.get(consumer_module.NAMESPACE, key)
+    if record.state is State.ABSENT and record.remembered_until is not None:
+        assert record.fencing_token == token, record
+        return record
+    return None
+
+
+def test_late_copy_within_remember_for_is_re_executed_under_the_next_token(
+        tmp_path, reaping_server, orders_db, queue_name):
+    """Issue 24. An order completes with a 1 s retention; the result expires
+    and the service remembers the key (7 days by default), so a late copy is
+    re-executed: CLAIMED under the NEXT fencing token, with completed_at.
+    (a) The same body again: the guarded write rewrites the same rows under
+        token 2 (one order, one ledger entry, the same amount and entry), and
+        Complete stores that receipt; the consumer logs the late retry.
+    (b) Another body under the same order id, once the result expired again,
+        twice: the first copy is re-executed under token 3, the second Claims
+        the released key under token 4; the guard refuses both (another
+        body), both are parked as conflicts_with_applied_order, and the rows
+        stay as (a) left them."""
+    server = reaping_server
+    journal = tmp_path / "journal.jsonl"
+    key = derive_key("orders", "ord-late")
+    run = ConsumerRun(tmp_path, "late", server, orders_db, queue_name, journal, retention=1)
+
+    def events(event, copy):
+        return [e for e in read_journal(journal) if e["event"] == event and e["copy"] == copy]
+
+    try:
+        publish(queue_name, [("ord-late", "first", order_body("ord-late", 500))])
+        wait_for(lambda: events("ack", "first"), 30, "the first copy to be acked")
+        [first] = events("ack", "first")
+        assert (first["replayed"], first["wrote"], first["late_retry"], first["receipt"]["fencing"]) == (
+            False, True, None, 1)
+        [before] = order_rows(orders_db)
+        marker = wait_for(lambda: remembered(server, key, 1), 30, "the result to expire, the key remembered")
+
+        # (a) the same body, within remember_for
+        publish(queue_name, [("ord-late", "same", order_body("ord-late", 500))])
+        wait_for(lambda: events("ack", "same"), 30, "the late copy with the same body to be acked")
+        [same] = events("ack", "same")
+        assert (same["replayed"], same["wrote"]) == (False, True)
+        assert same["late_retry"] == marker.completed_at.isoformat()
+        assert same["receipt"] == {**first["receipt"], "fencing": 2}  # the same entry, the next token
+        with IdempotencyClient(server.target) as client:
+            record = client.get(consumer_module.NAMESPACE, key)
+        assert (record.state, record.fencing_token, json.loads(record.response)) == (
+            State.COMPLETED, 2, same["receipt"])
+        [after] = order_rows(orders_db)
+        assert {k: after[k] for k in ("order_id", "amount_cents", "entry_id", "ledger_amount")} == {
+            k: before[k] for k in ("order_id", "amount_cents", "entry_id", "ledger_amount")}
+        assert (after["fencing"], after["ledger_fencing"]) == (2, 2)
+        assert effect_runs(orders_db) == [1, 2]  # run twice, one order and one entry
+        wait_for(lambda: remembered(server, key, 2), 30, "the result to expire again")
+
+        # (b) another body under the same order id, twice
+        publish(queue_name, [("ord-late", "other-1", order_body("ord-late", 999)),
+                             ("ord-late", "other-2", order_body("ord-late", 999))])
+        wait_for(lambda: events("park", "other-1") and events("park", "other-2"), 30,
+                 "both copies with another body to be parked")
+    finally:
+        assert run.stop() == 0, run.log()
+    assert order_rows(orders_db) == [after]
+    assert effect_runs(orders_db) == [1, 2]
+    entries = read_journal(journal)
+    assert [(e["event"], e["copy"], e.get("reason")) for e in entries[:2]] == [("ack", "first", None), ("ack", "same", None)]
+    assert sorted((e["event"], e["copy"], e.get("reason")) for e in entries[2:]) == [
+        ("park", "other-1", "conflicts_with_applied_order"), ("park", "other-2", "conflicts_with_applied_order")]
+    dlq = parked(queue_name)
+    assert sorted((m, h["x-test-copy"], h[topology.PARKED_REASON], json.loads(b)["amount_cents"]) for m, h, b in dlq) == [
+        ("ord-late", "other-1", "conflicts_with_applied_order", 999),
+        ("ord-late", "other-2", "conflicts_with_applied_order", 999)]
+    assert all("500 cents, fencing token 2" in h[topology.PARKED_DETAIL] for _, h, _ in dlq)
+    assert retry_and_main_depths(queue_name) == {q: 0 for q in retry_and_main_depths(queue_name)}
+    with IdempotencyClient(server.target) as client:
+        record = client.get(consumer_module.NAMESPACE, key)
+    # Both other-body Claims went through (3: the late retry; 4: the released key), both released.
+    assert (record.state, record.fencing_token) == (State.RELEASED, 4)
+    log = run.log()
+    assert (f"message ord-late: a late retry (completed before at {marker.completed_at.isoformat()}, its result "
+            "expired): re-executed under fencing token 2, rewrote the same rows, acked") in log
+
+
+def test_late_copy_after_the_service_forgot_the_key(tmp_path, forgetting_server, orders_db, queue_name):
+    """Issue 26, defect 1, and issue 24 past the horizon. An order completes
+    with a 1 s retention on a server that remembers nothing past it; its
+    record expires and the reaper deletes it, so the next Claim of the key
+    starts again at fencing token 1, the token the rows already carry.
     (a) The same body again: completed with the receipt the ledger holds (the
         one the first copy stored), acked; nothing written twice.
     (b) Another body under the same order id, after the next reaping, twice
         (the second copy's Claim gets token 2, newer than the rows'): both
         parked in <queue>.dlq as conflicts_with_applied_order; the amount is
         never overwritten."""
-    server = reaping_server
+    server = forgetting_server
     journal = tmp_path / "journal.jsonl"
     key = derive_key("orders", "ord-late")
     run = ConsumerRun(tmp_path, "late", server, orders_db, queue_name, journal, retention=1)
@@ -557,7 +660,8 @@ def test_late_copy_after_the_record_was_reaped(tmp_path, reaping_server, orders_
         publish(queue_name, [("ord-late", "same", order_body("ord-late", 500))])
         wait_for(lambda: events("ack", "same"), 30, "the late copy with the same body to be acked")
         [same] = events("ack", "same")
-        assert (same["replayed"], same["wrote"], same["receipt"]) == (False, False, first["receipt"])
+        assert (same["replayed"], same["wrote"], same["late_retry"], same["receipt"]) == (
+            False, False, None, first["receipt"])
         with IdempotencyClient(server.target) as client:
             record = client.get(consumer_module.NAMESPACE, key)
         assert (record.state, record.fencing_token, json.loads(record.response)) == (
@@ -587,7 +691,7 @@ def test_late_copy_after_the_record_was_reaped(tmp_path, reaping_server, orders_
     assert all("500 cents" in h[topology.PARKED_DETAIL] for _, h, _ in dlq)
     assert retry_and_main_depths(queue_name) == {q: 0 for q in retry_and_main_depths(queue_name)}
     log = run.log()
-    assert "message ord-late: already applied under fencing token 1 (its record had expired); " \
+    assert "message ord-late: already applied under fencing token 1 (the service had forgotten the key); " \
            "completed with that receipt, acked" in log
 
 
