@@ -17,16 +17,20 @@ import (
 //   - The fencing token: a consumer whose lease ran out while it was stalled
 //     (a GC pause, a network partition) comes back with an older token than
 //     the one that took the order over, and writes nothing, so a late writer
-//     can never overwrite the newer one's result.
-//   - An equal or older token writes nothing either, and gets the entry that
-//     is there as its receipt (Complete then decides: refused for a stalled
-//     holder). That is also the late copy after the key's record expired and
-//     was reaped: its new record starts again at token 1, the token the
-//     entry already has; it completes with the entry as its receipt, and
-//     nothing is written twice.
+//     can never overwrite the newer one's result. A newer token rewrites the
+//     same entry: a takeover after a consumer died before Complete, or a late
+//     copy the service re-executes under the next token (the receipt expired,
+//     the order is still remembered): still one entry.
+//   - An equal or older token writes nothing, and gets the entry that is
+//     there as its receipt (Complete then decides: refused for a stalled
+//     holder). That is also the late copy after the service forgot the key
+//     (past its horizon the record is deleted): its new record starts again
+//     at token 1, the token the entry already has; it completes with the
+//     entry as its receipt, and nothing is written twice.
 //   - The body's fingerprint: another body under an order id already applied
-//     is refused whatever its token (ErrConflict), because after a reaping the
-//     service can no longer tell it is a mismatch. The consumer parks it.
+//     is refused whatever its token (ErrConflict), because once the receipt
+//     expired the service no longer compares fingerprints (a late retry is
+//     re-executed; a forgotten key has none). The consumer parks it.
 //
 // Every write is also appended to applied.log (order and token), so a test
 // can see how often the effect ran and under which leases.

@@ -1,7 +1,7 @@
 // Command rabbitmq-go is a RabbitMQ consumer that applies each order's effect
 // once, however often the order is delivered: a publisher's retry, a
 // redelivery after the consumer died before its ack, a late copy after the
-// order's record expired.
+// order's result expired.
 //
 // Each delivery goes through idempotency.OnceJSON, keyed by the order's
 // identity and fingerprinted by its body:
@@ -11,9 +11,15 @@
 //   - a duplicate gets the stored receipt back without running it, and acks;
 //   - a redelivery whose earlier attempt is still running (or whose consumer
 //     died; its lease then runs out) waits for it, then replays or takes over;
+//   - a late copy, after the receipt expired but while the service remembers
+//     the order (IDEMPOTENCY_REMEMBER_FOR after its Complete, 7 days by
+//     default), is re-executed under the next fencing token: the fenced write
+//     rewrites the same entry, and the consumer logs the late retry; after
+//     the service forgot the order, the Claim starts again at token 1 and the
+//     entry that is there is the receipt;
 //   - the same order id with another body is parked in <queue>.dlq, with its
 //     reason: by the service (a fingerprint mismatch) while the first body's
-//     record lives, by the ledger (a conflict) after it expired;
+//     record lives, by the ledger (a conflict) after its result expired;
 //   - a failure (the ledger or the service down, the lease lost) sends the
 //     message to a retry queue that gives it back after a backoff; when the
 //     retry budget is spent, it is parked.
@@ -192,6 +198,13 @@ func (c *orderConsumer) handle(ctx context.Context, d amqp.Delivery) {
 	entry, result, err := idempotency.OnceJSON(ctx, c.client, c.namespace, key,
 		func(work context.Context, l idempotency.Lease) (Entry, error) {
 			log.Printf("start order=%s token=%d redelivered=%t", order.ID, l.FencingToken, d.Redelivered)
+			if !l.PreviouslyCompletedAt.IsZero() {
+				// The order completed before and its receipt expired; the
+				// service re-executes it under the next token. A line worth
+				// counting: copies come later than the retention.
+				log.Printf("late retry order=%s token=%d completed_before=%s", order.ID, l.FencingToken,
+					l.PreviouslyCompletedAt.UTC().Format(time.RFC3339Nano))
+			}
 			c.hold.at(order.ID, "claimed")
 			entry, w, err := c.ledger.Apply(order, fp, l.FencingToken)
 			if err != nil {
@@ -224,9 +237,10 @@ func (c *orderConsumer) handle(ctx context.Context, d amqp.Delivery) {
 		log.Printf("park order=%s reason=fingerprint_mismatch: %v", order.ID, err)
 		c.park(d, order.ID, "fingerprint_mismatch", err.Error())
 	case errors.Is(err, ErrConflict):
-		// The same, found by the ledger: the first body's record expired and
-		// was reaped, so the Claim could not tell. Once released the key;
-		// nothing was written.
+		// The same, found by the ledger: the first body's result expired, so
+		// the Claim could not tell (a late retry is re-executed without
+		// comparing fingerprints; a forgotten key has none). Once released
+		// the key; nothing was written.
 		log.Printf("park order=%s reason=conflicts_with_applied_order: %v", order.ID, err)
 		c.park(d, order.ID, "conflicts_with_applied_order", err.Error())
 	default:

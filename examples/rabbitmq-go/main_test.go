@@ -8,8 +8,10 @@ package main
 // effect, after Complete but before the ack), restart it, and check that
 // every order's effect is in the ledger once, written by the newest lease.
 //
-// Then the cases around it: a late copy after the order's record expired and
-// was reaped (same body, another body); a ledger outage longer than the retry
+// Then the cases around it: a late copy after the order's result expired,
+// while the service remembers the order (re-executed under the next token)
+// and after it forgot it (token 1 again), each with the same body and
+// another body; a ledger outage longer than the retry
 // budget (parked, then moved back and applied once); the queue as the broker
 // holds it (durable, quorum, declared against a queue that exists), and a
 // restart of a private RabbitMQ node with a message in the queue.
@@ -470,14 +472,117 @@ func serverStats(t *testing.T, server *idempotencytest.Server) string {
 	return string(out)
 }
 
-// Issue 26, defect 1. An order completes with a 1 s retention; its record
-// expires and the reaper deletes it (the server's store is empty), so the
-// next Claim of the key starts again at fencing token 1, the token the
-// ledger entry already has. The same body again completes with the entry as
-// its receipt, nothing written; another body under the same order id, twice
-// (the second Claim gets token 2), is parked both times, the amount untouched.
-func TestLateCopyAfterTheRecordWasReaped(t *testing.T) {
+// Issue 24. An order completes with a 1 s retention; its receipt expires and
+// the service remembers the order (7 days by default), so a late copy is
+// re-executed: claimed under the NEXT fencing token, with the time the order
+// completed before. The same body rewrites the same entry under token 2 (one
+// entry, the same amount) and the consumer logs the late retry; another body
+// under the same order id, twice (the late retry's token 3, then the
+// released key's token 4), is parked both times, the entry untouched.
+func TestLateCopyWithinRememberForIsReexecuted(t *testing.T) {
 	server := idempotencytest.Start(t, "IDEMPOTENCY_REAPER_INTERVAL=1s")
+	client := server.Client(t)
+	dir := t.TempDir()
+	ledgerDir := filepath.Join(dir, "ledger")
+	queue := "idempotency-go-example-" + randomSuffix(t)
+	namespace := "examples/rabbitmq-go/" + queue
+	b := dialBroker(t, amqpURL())
+	b.declareTopology(t, queue)
+	run := startConsumer(t, dir, 1, consumerArgs(queue, server.Target, namespace, ledgerDir, "-retention", "1s")...)
+	defer func() { t.Logf("consumer:\n%s", strings.Join(run.lines(), "\n")) }()
+	key := idempotency.MustDeriveKey("examples/rabbitmq-go", "order", "o-late")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	get := func() *idempotency.Record {
+		record, err := client.Get(ctx, namespace, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return record
+	}
+	var marker *idempotency.Record
+	waitRemembered := func(token uint64) {
+		waitFor(t, "the receipt to expire and the order to be remembered", 30*time.Second, run, func() bool {
+			marker = get()
+			return marker.Remembered() && marker.FencingToken == token
+		})
+	}
+	first := body("o-late", 500)
+	want := Entry{OrderID: "o-late", AmountCents: 500, FencingToken: 2, BodySHA256: sha(first)}
+
+	b.publish(t, queue, amqp.Publishing{Body: first})
+	waitFor(t, "the first copy", 30*time.Second, run, contains(run, `done order=o-late replayed=false wrote=true token=1$`))
+	waitRemembered(1)
+
+	// (a) The same body within remember_for: re-executed under token 2.
+	b.publish(t, queue, amqp.Publishing{Body: first})
+	waitFor(t, "the late copy's ack", 30*time.Second, run, contains(run, `done order=o-late replayed=false wrote=true token=2$`))
+	pid := run.cmd.Process.Pid
+	wantLines := []string{
+		fmt.Sprintf("consumer[%d] late retry order=o-late token=2 completed_before=%s", pid, marker.CompletedAt.UTC().Format(time.RFC3339Nano)),
+		fmt.Sprintf("consumer[%d] applied order=o-late token=2 wrote=true", pid),
+	}
+	if got := matching(run, `(late retry|applied) order=o-late token=2 `); strings.Join(got, "\n") != strings.Join(wantLines, "\n") {
+		t.Errorf("the late copy's log:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(wantLines, "\n"))
+	}
+	record := get()
+	var receipt Entry
+	if record.State != idempotency.StateCompleted || record.FencingToken != 2 || json.Unmarshal(record.Response, &receipt) != nil || receipt != want {
+		t.Errorf("record after the late copy: %s token %d %s, want COMPLETED under token 2 with %+v", record.State, record.FencingToken, record.Response, want)
+	}
+	waitRemembered(2)
+
+	// (b) Another body under the same order id, twice.
+	other := body("o-late", 999)
+	b.publish(t, queue, amqp.Publishing{Body: other}, amqp.Publishing{Body: other})
+	waitFor(t, "both other-body copies parked", 30*time.Second, run, func() bool {
+		return len(matching(run, `park order=o-late reason=conflicts_with_applied_order`)) == 2
+	})
+	ledger, _ := OpenLedger(ledgerDir)
+	entries, err := ledger.Entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries["o-late"] != want {
+		t.Errorf("ledger: %+v, want only %+v", entries, want)
+	}
+	if got := strings.Join(appliedLog(t, ledgerDir)["o-late"], " "); got != "1 2" {
+		t.Errorf("the effect of o-late was written under tokens [%s], want [1 2]", got)
+	}
+	if got := matching(run, `start order=o-late `); len(got) != 4 || !strings.Contains(got[2], "token=3") || !strings.Contains(got[3], "token=4") {
+		t.Errorf("the Claims of o-late: %q, want tokens 1 to 4", got)
+	}
+	if record := get(); record.State != idempotency.StateReleased || record.FencingToken != 4 {
+		t.Errorf("record after the other bodies: %s token %d, want RELEASED under token 4", record.State, record.FencingToken)
+	}
+	parked := b.drain(t, ParkingQueue(queue))
+	if len(parked) != 2 {
+		t.Fatalf("%d parked messages, want 2", len(parked))
+	}
+	for _, d := range parked {
+		if string(d.Body) != string(other) || d.Headers[headerParkedReason] != "conflicts_with_applied_order" ||
+			!strings.Contains(fmt.Sprint(d.Headers[headerParkedDetail]), "500 cents under token 2") {
+			t.Errorf("parked: %s %v, want the other body as conflicts_with_applied_order", d.Body, d.Headers)
+		}
+	}
+	for _, name := range QueueNames(queue, testRetryDelays)[2:] {
+		if n := b.depth(t, name); n != 0 {
+			t.Errorf("%s holds %d messages, want 0", name, n)
+		}
+	}
+}
+
+// Issue 26, defect 1, and issue 24 past the horizon. An order completes with
+// a 1 s retention on a server that remembers nothing past it
+// (IDEMPOTENCY_REMEMBER_FOR=0s: what any server does past an order's
+// horizon); its record expires and the reaper deletes it (the server's store
+// is empty), so the next Claim of the key starts again at fencing token 1,
+// the token the ledger entry already has. The same body again completes
+// with the entry as its receipt, nothing written; another body under the
+// same order id, twice (the second Claim gets token 2), is parked both
+// times, the amount untouched.
+func TestLateCopyAfterTheServiceForgotTheOrder(t *testing.T) {
+	server := idempotencytest.Start(t, "IDEMPOTENCY_REAPER_INTERVAL=1s", "IDEMPOTENCY_REMEMBER_FOR=0s")
 	client := server.Client(t)
 	dir := t.TempDir()
 	ledgerDir := filepath.Join(dir, "ledger")
@@ -489,9 +594,11 @@ func TestLateCopyAfterTheRecordWasReaped(t *testing.T) {
 	defer func() { t.Logf("consumer:\n%s", strings.Join(run.lines(), "\n")) }()
 	waitReaped := func() {
 		waitFor(t, "the record to expire and be reaped", 30*time.Second, run, func() bool {
-			// No row at all: not live, and not expired either (awaiting the reaper).
+			// No row at all: not live, not expired either (awaiting the
+			// reaper), and no marker.
 			return strings.Contains(serverStats(t, server),
-				"records: in_progress 0 completed 0 released 0 expired (awaiting the reaper) 0\n")
+				"records: in_progress 0 completed 0 released 0 expired (awaiting the reaper) 0\n"+
+					"remembered keys (markers, no result): 0\n")
 		})
 	}
 	key := idempotency.MustDeriveKey("examples/rabbitmq-go", "order", "o-late")
