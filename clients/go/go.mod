@@ -7,6 +7,7 @@ module idempotencyservice
 go 1.19
 
 require (
+	google.golang.org/genproto v0.0.0-20200526211855-cb27e3aa2013 // googleapis/rpc/errdetails: the google.rpc error details
 	google.golang.org/grpc v1.33.3
 	google.golang.org/protobuf v1.28.1
 )

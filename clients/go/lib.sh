@@ -12,7 +12,9 @@ go_here="$go_repo/clients/go"
 
 # golang-github-golang-protobuf-1-5-dev, not the -1-3 variant: that one panics
 # at run time against the newer protobuf runtime.
-GO_DEBS=(golang-go protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev)
+# golang-google-genproto-dev: googleapis/rpc/errdetails, the google.rpc error
+# details the service puts on its statuses (grpc-go depends on it anyway).
+GO_DEBS=(golang-go protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev golang-google-genproto-dev)
 
 # go_install_debs [more packages]: apt-get install what is missing.
 go_install_debs() {

@@ -198,6 +198,12 @@ const (
 	OutcomeCompleted Outcome = Outcome(pb.Outcome_OUTCOME_COMPLETED)
 	// OutcomeFingerprintMismatch: the key was seen with another payload fingerprint.
 	OutcomeFingerprintMismatch Outcome = Outcome(pb.Outcome_OUTCOME_FINGERPRINT_MISMATCH)
+	// OutcomeExpired: a late retry refused (LateRetryRefuse, the Claim's or
+	// its namespace's policy): the key was completed (CompletedAt), its
+	// result has expired, and the server still remembers it. The effect
+	// happened; the result is gone; nothing was changed. FencingToken is the
+	// last lease's.
+	OutcomeExpired Outcome = Outcome(pb.Outcome_OUTCOME_EXPIRED)
 )
 
 func (o Outcome) String() string {
@@ -210,8 +216,43 @@ func (o Outcome) String() string {
 		return "COMPLETED"
 	case OutcomeFingerprintMismatch:
 		return "FINGERPRINT_MISMATCH"
+	case OutcomeExpired:
+		return "EXPIRED"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// LateRetry is what a Claim of a remembered key does: one whose completed
+// result's retention ended, and which the server remembers (a compact
+// marker: fingerprint, fencing token, when it completed) until its horizon
+// (IDEMPOTENCY_REMEMBER_FOR after its Complete, 7 days unless configured,
+// or the namespace's remember_for).
+type LateRetry int
+
+const (
+	// LateRetryDefault: the namespace's policy (the policy file's
+	// late_retry), else the server's (IDEMPOTENCY_LATE_RETRY; re-execute
+	// unless configured).
+	LateRetryDefault LateRetry = LateRetry(pb.LateRetry_LATE_RETRY_UNSPECIFIED)
+	// LateRetryReexecute: claim the key anew with the next fencing token
+	// (never 1 again): OutcomeClaimed with ClaimResult.CompletedAt set, so
+	// the caller knows the effect ran before.
+	LateRetryReexecute LateRetry = LateRetry(pb.LateRetry_LATE_RETRY_REEXECUTE)
+	// LateRetryRefuse: answer OutcomeExpired (Once: a *ResultExpired),
+	// changing nothing.
+	LateRetryRefuse LateRetry = LateRetry(pb.LateRetry_LATE_RETRY_REFUSE)
+)
+
+func (l LateRetry) String() string {
+	switch l {
+	case LateRetryDefault:
+		return "DEFAULT"
+	case LateRetryReexecute:
+		return "REEXECUTE"
+	case LateRetryRefuse:
+		return "REFUSE"
+	}
+	return fmt.Sprintf("LateRetry(%d)", int(l))
 }
 
 // ClaimOptions are Claim's optional fields; the zero value uses the server's
@@ -240,6 +281,11 @@ type ClaimOptions struct {
 	// waiting Claim's attempts at least Wait and 0.5 s more. A server that
 	// predates waiting answers at once: WaitHonored is then false.
 	Wait time.Duration
+	// LateRetry is what to do if the key is remembered (completed, its
+	// result expired): re-execute (OutcomeClaimed with CompletedAt set) or
+	// refuse (OutcomeExpired). LateRetryDefault: the namespace's policy,
+	// else the server's (re-execute unless configured).
+	LateRetry LateRetry
 }
 
 // ClaimResult is what a Claim found; Outcome says which fields are set.
@@ -249,6 +295,8 @@ type ClaimResult struct {
 	LeaseToken string
 	// OutcomeClaimed: increases by one on every successful Claim of the key;
 	// hand it to downstream writes so they can reject an older lease holder.
+	// It goes on counting while a key is remembered (a re-executed late
+	// retry gets the next one, never 1). OutcomeExpired: the last lease's.
 	FencingToken uint64
 	// OutcomeClaimed: when the new lease runs out. OutcomeInProgress: when the
 	// other claimant's lease runs out.
@@ -278,10 +326,22 @@ type ClaimResult struct {
 	// server's limit of waiters was reached (then the answer is an immediate
 	// OutcomeInProgress).
 	Waited time.Duration
+	// CompletedAt is when the key was completed before: set on
+	// OutcomeExpired, and on OutcomeClaimed when the Claim re-executed a
+	// late retry of a remembered key (the effect ran once already, and its
+	// result is gone; see Reexecuted). Zero otherwise.
+	CompletedAt time.Time
 }
 
 // Claimed reports whether the caller now holds the lease.
 func (r *ClaimResult) Claimed() bool { return r.Outcome == OutcomeClaimed }
+
+// Reexecuted reports whether the caller holds the lease of a key that was
+// completed before (at CompletedAt) and whose result has expired: a late
+// retry, re-executed.
+func (r *ClaimResult) Reexecuted() bool {
+	return r.Outcome == OutcomeClaimed && !r.CompletedAt.IsZero()
+}
 
 // NewLeaseToken is a fresh lease token for one Claim: 128 bits from
 // crypto/rand as 32 lowercase hexadecimal characters (what the server expects).
@@ -314,6 +374,7 @@ func (c *Client) Claim(ctx context.Context, namespace, key string, opts ClaimOpt
 		Retention:   duration(opts.Retention),
 		LeaseToken:  token,
 		Wait:        duration(opts.Wait),
+		LateRetry:   pb.LateRetry(opts.LateRetry),
 	})
 	if err != nil {
 		return nil, fromRPC("Claim", err)
@@ -329,6 +390,7 @@ func claimResult(reply *pb.ClaimResponse) *ClaimResult {
 		LeaseExpiresAt: timestamp(reply.GetLeaseExpiresAt()),
 		Response:       reply.GetResponse(),
 		ExpiresAt:      timestamp(reply.GetExpiresAt()),
+		CompletedAt:    timestamp(reply.GetCompletedAt()),
 	}
 	if reply.GetRetryAfter() != nil {
 		r.RetryAfter = reply.GetRetryAfter().AsDuration()
@@ -445,7 +507,11 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", int(s))
 }
 
-// Record is what Get found. For StateAbsent no other field is set.
+// Record is what Get found. For StateAbsent no other field is set, unless
+// the key is remembered (Remembered: its completed result expired, its
+// marker is kept until RememberedUntil): then FencingToken, Fingerprint,
+// ExpiresAt (when the result expired), CreatedAt, CompletedAt and
+// RememberedUntil describe the marker.
 type Record struct {
 	State          State
 	FencingToken   uint64
@@ -460,7 +526,17 @@ type Record struct {
 	Checkpoint []byte
 	// The fencing token of the lease that saved Checkpoint; 0 when none.
 	CheckpointFencingToken uint64
+	// StateCompleted, or a remembered key: when it was completed.
+	CompletedAt time.Time
+	// StateCompleted: until when the key will be remembered once its result
+	// expires (zero when the server or namespace remembers nothing past the
+	// retention). StateAbsent: set only for a remembered key.
+	RememberedUntil time.Time
 }
+
+// Remembered reports whether the key is remembered: completed, its result
+// expired, and a Claim before RememberedUntil follows its late-retry policy.
+func (r *Record) Remembered() bool { return r.State == StateAbsent && !r.RememberedUntil.IsZero() }
 
 // Get inspects a key without changing it.
 func (c *Client) Get(ctx context.Context, namespace, key string) (*Record, error) {
@@ -469,14 +545,16 @@ func (c *Client) Get(ctx context.Context, namespace, key string) (*Record, error
 		return nil, fromRPC("Get", err)
 	}
 	record := &Record{
-		State:          State(reply.GetState()),
-		FencingToken:   reply.GetFencingToken(),
-		Fingerprint:    reply.GetFingerprint(),
-		Response:       reply.GetResponse(),
-		LeaseExpiresAt: timestamp(reply.GetLeaseExpiresAt()),
-		ExpiresAt:      timestamp(reply.GetExpiresAt()),
-		CreatedAt:      timestamp(reply.GetCreatedAt()),
-		UpdatedAt:      timestamp(reply.GetUpdatedAt()),
+		State:           State(reply.GetState()),
+		FencingToken:    reply.GetFencingToken(),
+		Fingerprint:     reply.GetFingerprint(),
+		Response:        reply.GetResponse(),
+		LeaseExpiresAt:  timestamp(reply.GetLeaseExpiresAt()),
+		ExpiresAt:       timestamp(reply.GetExpiresAt()),
+		CreatedAt:       timestamp(reply.GetCreatedAt()),
+		UpdatedAt:       timestamp(reply.GetUpdatedAt()),
+		CompletedAt:     timestamp(reply.GetCompletedAt()),
+		RememberedUntil: timestamp(reply.GetRememberedUntil()),
 	}
 	record.Checkpoint, record.CheckpointFencingToken = checkpoint(reply.GetCheckpoint(), reply.GetCheckpointFencingToken())
 	return record, nil

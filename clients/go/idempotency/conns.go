@@ -164,17 +164,26 @@ const waitAnswerMargin = 500 * time.Millisecond
 
 // pauseAfter is the pause before the next attempt, and whether there is one:
 // not when the caller's context ended, the status is final, no attempt is
-// left, or the deadline leaves no time for another.
+// left, or the deadline leaves no time for another. The pause is the
+// policy's backoff, or the status's RetryInfo delay when that is longer
+// (there is no next attempt when the deadline leaves no room for that delay).
 func (c *conns) pauseAfter(ctx context.Context, policy RetryPolicy, made int, err error) (time.Duration, bool) {
 	if ctx.Err() != nil || !policy.retryable(status.Code(err)) || made >= policy.MaxAttempts {
 		return 0, false
 	}
 	pause := policy.Backoff(made)
+	// The server's advice (google.rpc.RetryInfo) is the least pause: it
+	// knows when the rate limit allows the next call, or the store may be back.
+	delay := retryDelayOf(err)
+	if pause < delay {
+		pause = delay
+	}
 	if deadline, ok := ctx.Deadline(); ok {
 		// A pause that would leave too little time is cut short, so the last
-		// attempt still happens before the deadline.
+		// attempt still happens before the deadline; but never below the
+		// server's delay: then the call fails now.
 		room := time.Until(deadline) - minAttempt
-		if room <= 0 {
+		if room <= 0 || delay > room {
 			return 0, false
 		}
 		if pause > room {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -40,7 +41,38 @@ var (
 	// ErrLeaseLost: returned by Once (as a *LeaseLostError) when the lease was
 	// lost while the work ran, so the result was NOT stored.
 	ErrLeaseLost = errors.New("lease lost")
+
+	// ErrKeyExpired: the key was completed, its stored result has expired,
+	// and the server still remembers it: the effect happened, the result is
+	// gone. Matched by a *StatusError whose Reason is ReasonKeyExpired (a
+	// Complete, Release or ExtendLease of a remembered key: NOT_FOUND, so
+	// errors.Is(err, ErrNotFound) holds too) and by Once's *ResultExpired (a
+	// Claim refused as a late retry: OutcomeExpired).
+	ErrKeyExpired = errors.New("key expired")
 )
+
+// The stable reasons the service puts in google.rpc.ErrorInfo on every
+// status other than OK (StatusError.Reason); the proto's ErrorReason
+// documents each. Reasons are added, never renamed.
+const (
+	ReasonInvalidArgument  = "INVALID_ARGUMENT"  // fix the request; StatusError.Field names the field
+	ReasonNotFound         = "NOT_FOUND"         // no unexpired record: the lease and record expired, or the key was purged
+	ReasonKeyExpired       = "KEY_EXPIRED"       // completed, result expired, still remembered (StatusError.CompletedAt, RememberedUntil)
+	ReasonLeaseLost        = "LEASE_LOST"        // the token is not the key's current lease
+	ReasonLeaseReleased    = "LEASE_RELEASED"    // this lease was released
+	ReasonKeyCompleted     = "KEY_COMPLETED"     // completed under another lease, or cannot be released or extended
+	ReasonContended        = "CONTENDED"         // ABORTED: the key kept changing during the Claim; retry at once
+	ReasonStoreUnavailable = "STORE_UNAVAILABLE" // UNAVAILABLE: the store cannot be reached; retry after RetryDelay
+	ReasonUnauthenticated  = "UNAUTHENTICATED"
+	ReasonPermissionDenied = "PERMISSION_DENIED"
+	ReasonRateLimited      = "RATE_LIMITED" // RESOURCE_EXHAUSTED: retry after RetryDelay
+	ReasonOverloaded       = "OVERLOADED"   // RESOURCE_EXHAUSTED: retry after RetryDelay, preferably elsewhere
+	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
+	ReasonInternal         = "INTERNAL"
+)
+
+// ErrorDomain is the ErrorInfo domain of the service's statuses.
+const ErrorDomain = "idempotency-service"
 
 var byCode = map[codes.Code]error{
 	codes.InvalidArgument:    ErrInvalidArgument,
@@ -67,10 +99,40 @@ type StatusError struct {
 	Attempts int
 	// Target is the address the last attempt went to ("" when unknown).
 	Target string
+
+	// The status's google.rpc details, decoded from the last attempt's
+	// answer (empty when the status carries none: a server that predates
+	// them, or a status the channel made, such as a connection refused).
+
+	// Reason is google.rpc.ErrorInfo's stable reason (ReasonLeaseLost,
+	// ReasonKeyExpired, ...); "" when there is none.
+	Reason string
+	// Domain is ErrorInfo's domain (ErrorDomain for the service's).
+	Domain string
+	// Metadata is ErrorInfo's metadata: "field" for INVALID_ARGUMENT,
+	// "completed_at" and "remembered_until" (RFC 3339) for KEY_EXPIRED.
+	Metadata map[string]string
+	// RetryDelay is google.rpc.RetryInfo's retry_delay: how long to wait
+	// before retrying the same call (UNAVAILABLE, RESOURCE_EXHAUSTED,
+	// ABORTED); 0 when there is none. The client's retries never wait less.
+	RetryDelay time.Duration
+	// Field names the request field an INVALID_ARGUMENT is about (the
+	// google.rpc.BadRequest field violation, else ErrorInfo's "field"); ""
+	// otherwise.
+	Field string
+	// FieldDescription is the field violation's description.
+	FieldDescription string
+	// CompletedAt and RememberedUntil: for ReasonKeyExpired, when the key
+	// was completed and until when it is remembered (zero otherwise).
+	CompletedAt, RememberedUntil time.Time
 }
 
 func (e *StatusError) Error() string {
-	msg := fmt.Sprintf("idempotency %s: %s: %s", e.Method, e.Status.Code(), e.Status.Message())
+	code := e.Status.Code().String()
+	if e.Reason != "" {
+		code += " " + e.Reason
+	}
+	msg := fmt.Sprintf("idempotency %s: %s: %s", e.Method, code, e.Status.Message())
 	if e.Attempts > 1 {
 		msg += fmt.Sprintf(" (after %d attempts)", e.Attempts)
 	}
@@ -86,6 +148,12 @@ func (e *StatusError) GRPCStatus() *status.Status { return e.Status }
 // Unwrap is the sentinel of the code (nil for codes without one).
 func (e *StatusError) Unwrap() error { return byCode[e.Status.Code()] }
 
+// Is makes errors.Is(err, ErrKeyExpired) true for ReasonKeyExpired (the
+// code's sentinel, ErrNotFound, matches through Unwrap).
+func (e *StatusError) Is(target error) bool {
+	return target == ErrKeyExpired && e.Reason == ReasonKeyExpired
+}
+
 // fromRPC turns a failed call's error into a *StatusError; an error that
 // carries no status (a cancelled context) is kept as it is.
 func fromRPC(method string, err error) error {
@@ -97,8 +165,102 @@ func fromRPC(method string, err error) error {
 		return err
 	}
 	attempts, target := attemptsOf(err)
-	return &StatusError{Method: method, Status: st, Attempts: attempts, Target: target}
+	e := &StatusError{Method: method, Status: st, Attempts: attempts, Target: target}
+	e.decodeDetails()
+	return e
 }
+
+// decodeDetails reads the status's google.rpc details (ErrorInfo,
+// RetryInfo, BadRequest) with grpc-go's own decoding (status.Details).
+func (e *StatusError) decodeDetails() {
+	d := detailsOf(e.Status)
+	e.Reason, e.Domain, e.Metadata, e.RetryDelay = d.reason, d.domain, d.metadata, d.retryDelay
+	e.Field, e.FieldDescription = d.field, d.fieldDescription
+	if e.Field == "" && e.Reason == ReasonInvalidArgument {
+		e.Field = e.Metadata["field"]
+	}
+	if e.Reason == ReasonKeyExpired {
+		e.CompletedAt = parseRFC3339(e.Metadata["completed_at"])
+		e.RememberedUntil = parseRFC3339(e.Metadata["remembered_until"])
+	}
+}
+
+// details is what a status's google.rpc details say.
+type details struct {
+	reason, domain          string
+	metadata                map[string]string
+	retryDelay              time.Duration
+	field, fieldDescription string
+}
+
+func detailsOf(st *status.Status) details {
+	var d details
+	if st == nil {
+		return d
+	}
+	for _, detail := range st.Details() {
+		switch detail := detail.(type) {
+		case *errdetails.ErrorInfo:
+			if d.reason == "" {
+				d.reason, d.domain, d.metadata = detail.GetReason(), detail.GetDomain(), detail.GetMetadata()
+			}
+		case *errdetails.RetryInfo:
+			if delay := detail.GetRetryDelay(); delay != nil && d.retryDelay == 0 {
+				d.retryDelay = time.Duration(delay.GetSeconds())*time.Second + time.Duration(delay.GetNanos())
+				if d.retryDelay < 0 {
+					d.retryDelay = 0
+				}
+			}
+		case *errdetails.BadRequest:
+			if violations := detail.GetFieldViolations(); len(violations) > 0 && d.field == "" {
+				d.field, d.fieldDescription = violations[0].GetField(), violations[0].GetDescription()
+			}
+		}
+	}
+	return d
+}
+
+// retryDelayOf is an attempt's error's RetryInfo delay (0 when none).
+func retryDelayOf(err error) time.Duration {
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0
+	}
+	return detailsOf(st).retryDelay
+}
+
+func parseRFC3339(s string) time.Time {
+	if s == "" {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+// ResultExpired is Once's answer to a late retry its policy refuses
+// (LateRetryRefuse, or the namespace's or server's policy): the key was
+// completed at CompletedAt, its stored result has expired, and the server
+// still remembers it (OutcomeExpired). The effect happened; the result is
+// gone; the work did not run. errors.Is(err, ErrKeyExpired) is true.
+type ResultExpired struct {
+	Namespace, Key string
+	// CompletedAt is when the key was completed.
+	CompletedAt time.Time
+	// FencingToken is the fencing token of the last lease (the one that
+	// completed); a later holder of the key gets a higher one.
+	FencingToken uint64
+}
+
+func (e *ResultExpired) Error() string {
+	return fmt.Sprintf("idempotency: %s/%s: completed at %s, its result has expired (a late retry, refused)",
+		e.Namespace, e.Key, e.CompletedAt.UTC().Format(time.RFC3339))
+}
+
+// Is makes errors.Is(err, ErrKeyExpired) true.
+func (e *ResultExpired) Is(target error) bool { return target == ErrKeyExpired }
 
 // FingerprintMismatch is Once's answer when the key was already seen with
 // another payload fingerprint: the same event identity arrived with a

@@ -16,6 +16,10 @@ type Lease struct {
 	FencingToken uint64
 	// ExpiresAt is when the lease ran out at the Claim (the heartbeat moves it).
 	ExpiresAt time.Time
+	// PreviouslyCompletedAt is when the key was completed before, for a late
+	// retry re-executed (the key was remembered after its result expired:
+	// the effect ran once already, at that time); zero otherwise.
+	PreviouslyCompletedAt time.Time
 
 	held *heldLease
 }

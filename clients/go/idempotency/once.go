@@ -23,6 +23,11 @@ import (
 //     (lease.SaveCheckpoint).
 //   - COMPLETED: the replay; returns the stored result without running fn.
 //   - FINGERPRINT_MISMATCH: returns a *FingerprintMismatch.
+//   - EXPIRED: a late retry refused (WithLateRetry(LateRetryRefuse), or the
+//     namespace's or server's policy): returns a *ResultExpired
+//     (errors.Is(err, ErrKeyExpired)) with when the key was completed; the
+//     work does not run. Re-executed (the default), a late retry is CLAIMED
+//     as above, with Lease.PreviouslyCompletedAt set.
 //   - IN_PROGRESS: by default waits for the holder, for up to 30 s
 //     (WaitOnInProgress) and never past ctx's deadline: the Claim asks the
 //     server to wait (ClaimOptions.Wait) and is answered when the holder
@@ -53,6 +58,8 @@ func (c *Client) Once(ctx context.Context, namespace, key string, fn func(ctx co
 		return &Result{Value: claim.Response, Replayed: true, Claim: claim}, nil
 	case OutcomeFingerprintMismatch:
 		return nil, &FingerprintMismatch{Namespace: namespace, Key: key}
+	case OutcomeExpired:
+		return nil, &ResultExpired{Namespace: namespace, Key: key, CompletedAt: claim.CompletedAt, FencingToken: claim.FencingToken}
 	}
 	return nil, fmt.Errorf("idempotency: %s/%s: Claim answered an unknown outcome %s", namespace, key, claim.Outcome)
 }
@@ -73,7 +80,7 @@ const deadlineMargin = 100 * time.Millisecond
 
 // claimOrWait claims the key and, meeting another holder, waits (unless
 // told not to) until the answer is no longer IN_PROGRESS or the wait runs
-// out. The answer is CLAIMED, COMPLETED or FINGERPRINT_MISMATCH.
+// out. The answer is CLAIMED, COMPLETED, FINGERPRINT_MISMATCH or EXPIRED.
 func (c *Client) claimOrWait(ctx context.Context, namespace, key string, cfg *onceConfig) (*ClaimResult, error) {
 	start := time.Now()
 	end := start.Add(cfg.waitTimeout)
@@ -88,6 +95,7 @@ func (c *Client) claimOrWait(ctx context.Context, namespace, key string, cfg *on
 		}
 		claim, err := c.Claim(ctx, namespace, key, ClaimOptions{
 			Fingerprint: cfg.fingerprint, LeaseTTL: cfg.leaseTTL, Retention: cfg.retention, Wait: wait,
+			LateRetry: cfg.lateRetry,
 		})
 		if err != nil {
 			return nil, err
@@ -146,6 +154,7 @@ type onceConfig struct {
 	wait              bool // false: fail on in progress
 	poll              bool // wait by claiming again with backoff, not on the server
 	waitTimeout       time.Duration
+	lateRetry         LateRetry
 }
 
 // WithFingerprint sets the payload's fingerprint (see Fingerprint): the same
@@ -157,6 +166,13 @@ func WithLeaseTTL(d time.Duration) Option { return func(c *onceConfig) { c.lease
 
 // WithRetention sets how long the result is kept and replayed (default: the server's).
 func WithRetention(d time.Duration) Option { return func(c *onceConfig) { c.retention = d } }
+
+// WithLateRetry sets what a Claim of a remembered key does (completed, its
+// result expired, still remembered): LateRetryReexecute runs fn again
+// (Lease.PreviouslyCompletedAt says when the key was completed before),
+// LateRetryRefuse returns a *ResultExpired without running it. Default:
+// the namespace's policy, else the server's (re-execute unless configured).
+func WithLateRetry(policy LateRetry) Option { return func(c *onceConfig) { c.lateRetry = policy } }
 
 // WithHeartbeatInterval sets how often the lease is extended while fn runs
 // (default: a third of the lease).
@@ -232,7 +248,10 @@ func (c *Client) runClaimed(ctx context.Context, namespace, key string, claim *C
 			c.releaseAfterFailure(held)
 		}
 	}()
-	value, err = fn(workCtx, Lease{Token: claim.LeaseToken, FencingToken: claim.FencingToken, ExpiresAt: claim.LeaseExpiresAt, held: held})
+	value, err = fn(workCtx, Lease{
+		Token: claim.LeaseToken, FencingToken: claim.FencingToken, ExpiresAt: claim.LeaseExpiresAt,
+		PreviouslyCompletedAt: claim.CompletedAt, held: held,
+	})
 	finished = true
 	hb.stop()
 	if lost := held.lostErr(); lost != nil {

@@ -23,7 +23,10 @@ import (
 //
 //	pause(n) = uniform(0, min(MaxBackoff, InitialBackoff * Multiplier^(n-1)))
 //
-// as long as attempts are left (MaxAttempts counts the first) and the call's
+// or the failed attempt's google.rpc.RetryInfo delay when that is longer
+// (the server's advice: 250 ms on UNAVAILABLE, the rate limiter's next slot
+// on RESOURCE_EXHAUSTED; never retried sooner: when the deadline leaves no
+// room for it, the call fails at once with that status), as long as attempts are left (MaxAttempts counts the first) and the call's
 // deadline (its context's, else Client.CallTimeout) leaves time for another
 // attempt. Each attempt gets the time left, or PerAttemptTimeout when
 // shorter, so an attempt that hangs leaves time for the next. With several
