@@ -11,7 +11,13 @@
 #      a rolling restart under a Once loop (replicas_test.go); checkpoints and
 #      a worker killed after step 2 of 3 (checkpoints_test.go); Once waiting
 #      for a holder, and polling through a relay that hides
-#      ClaimRequest.wait (wait_test.go: needs a server that waits);
+#      ClaimRequest.wait (wait_test.go: needs a server that waits); the
+#      google.rpc details of refusals (Reason, RetryDelay, Field) and late
+#      retries of remembered keys, refused and re-executed, on both stores
+#      (details_test.go); grpc-go's own retries following the service config
+#      while a TCP relay cuts the server off its PostgreSQL
+#      (serviceconfig_test.go: it runs itself again with GRPC_GO_RETRY=on,
+#      which Debian's grpc-go 1.33 needs);
 #   2. the example (clients/go/example): Claim, Complete, replay, mismatch
 #      with the generated stub alone.
 #
