@@ -60,6 +60,8 @@ CONFIG_ENV = {
     "IDEMPOTENCY_MAX_CHECKPOINT_BYTES": "65536",
     "IDEMPOTENCY_MAX_WAIT": "30s",
     "IDEMPOTENCY_MAX_WAITERS": "512",
+    "IDEMPOTENCY_REMEMBER_FOR": "7days",
+    "IDEMPOTENCY_LATE_RETRY": "reexecute",
     "IDEMPOTENCY_REAPER_INTERVAL": "60s",
     "IDEMPOTENCY_REAPER_BATCH_SIZE": "1000",
     "IDEMPOTENCY_DB_POOL_SIZE": "16",
@@ -891,6 +893,9 @@ def test_the_inline_policy_becomes_the_charts_configmap_word_for_word():
     policy = tomllib.loads(configmap["data"]["policy.toml"])
     assert [identity["name"] for identity in policy["identity"]] == ["orders", "operator"]
     assert policy["identity"][0]["token_hashes"][0].startswith("sha256:")
+    assert policy["namespace"] == [
+        {"names": ["payments/*"], "remember_for": "90days", "late_retry": "refuse"}
+    ]
     assert volumes_of(pod_spec(all_on()))["policy"]["configMap"]["name"] == "idempotency-service-policy"
 
 
@@ -921,6 +926,21 @@ def test_the_wait_settings_reach_server_and_migration_job():
         env = plain_env(container)
         assert env["IDEMPOTENCY_MAX_WAIT"] == "20s"
         assert env["IDEMPOTENCY_MAX_WAITERS"] == "1000"
+
+
+def test_the_remembered_keys_settings_reach_server_and_migration_job():
+    # The server's defaults (7 days, re-execute) unless set.
+    assert {k: plain_env(server(default()))[k] for k in ("IDEMPOTENCY_REMEMBER_FOR", "IDEMPOTENCY_LATE_RETRY")} == {
+        "IDEMPOTENCY_REMEMBER_FOR": "7days",
+        "IDEMPOTENCY_LATE_RETRY": "reexecute",
+    }
+    for container in (server(all_on()), migrate_container(all_on())):
+        env = plain_env(container)
+        assert env["IDEMPOTENCY_REMEMBER_FOR"] == "30days"
+        assert env["IDEMPOTENCY_LATE_RETRY"] == "refuse"
+    # 0s turns remembering off.
+    docs = render("--set", "config.rememberFor=0s")
+    assert plain_env(server(docs))["IDEMPOTENCY_REMEMBER_FOR"] == "0s"
 
 
 def test_waiters_just_below_the_concurrent_calls_render():
@@ -975,6 +995,8 @@ def test_the_schema_rejects_limits_that_cannot_work(setting, message):
         ("config.recordsGaugeInterval=hourly", "/config/recordsGaugeInterval"),
         ("config.maxWait=forever", "/config/maxWait"),
         ("config.maxWaiters=-1", "/config/maxWaiters"),
+        ("config.rememberFor=forever", "/config/rememberFor"),
+        ("config.lateRetry=retry", "/config/lateRetry"),
         ("config.metricsNamespaces={a,b,a}", "/config/metricsNamespaces"),
         ("config.metricsNamespaces={a\\,b}", "/config/metricsNamespaces/0"),
         ("config.metricsNamespaces={" + ",".join(f"n{i}" for i in range(101)) + "}", "/config/metricsNamespaces"),

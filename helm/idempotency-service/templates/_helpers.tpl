@@ -118,6 +118,10 @@ the server refuses both variables at once, so DATABASE_URL is then not set.
   value: {{ .maxWait | quote }}
 - name: IDEMPOTENCY_MAX_WAITERS
   value: {{ .maxWaiters | int64 | quote }}
+- name: IDEMPOTENCY_REMEMBER_FOR
+  value: {{ .rememberFor | quote }}
+- name: IDEMPOTENCY_LATE_RETRY
+  value: {{ .lateRetry | quote }}
 - name: IDEMPOTENCY_REAPER_INTERVAL
   value: {{ .reaperInterval | quote }}
 - name: IDEMPOTENCY_REAPER_BATCH_SIZE
