@@ -26,7 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "idempotency-service.json"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
 OPERATIONS = REPO / "docs" / "operations.md"
+README = REPO / "README.md"
 METRICS_SOURCE = REPO / "src" / "metrics.rs"
+# The stable reasons of ErrorInfo (`Reason::as_str`), and the Claim outcomes
+# metrics and logs name (`ClaimOutcome::name`).
+ERROR_SOURCE = REPO / "src" / "error.rs"
+DOMAIN_SOURCE = REPO / "src" / "domain.rs"
+PROTO = REPO / "proto" / "idempotency" / "v1" / "idempotency.proto"
 GRPC_SOURCE = REPO / "src" / "grpc" / "mod.rs"
 # The one map from gRPC codes to the names metrics and logs use.
 STATUS_SOURCE = REPO / "src" / "grpc" / "status.rs"
@@ -60,6 +66,30 @@ CODES = {
 # The codes of calls refused for access or limits (mostly by the guard in
 # src/grpc/guard.rs, before the call runs).
 REFUSED_CODES = {"unauthenticated", "permission_denied", "resource_exhausted", "deadline_exceeded"}
+# The stable reasons every non-OK status carries in google.rpc.ErrorInfo, as
+# `Reason::as_str` in src/error.rs names them (idempotency_errors_total's
+# `reason`).
+REASONS = {
+    "INVALID_ARGUMENT",
+    "NOT_FOUND",
+    "KEY_EXPIRED",
+    "LEASE_LOST",
+    "LEASE_RELEASED",
+    "KEY_COMPLETED",
+    "CONTENDED",
+    "STORE_UNAVAILABLE",
+    "UNAUTHENTICATED",
+    "PERMISSION_DENIED",
+    "RATE_LIMITED",
+    "OVERLOADED",
+    "DEADLINE_EXCEEDED",
+    "INTERNAL",
+}
+# Claim outcomes as `ClaimOutcome::name` in src/domain.rs names them
+# (idempotency_claims_total's `outcome`).
+CLAIM_OUTCOMES = frozenset(
+    {"claimed", "retried", "reexecuted", "in_progress", "completed", "fingerprint_mismatch", "expired"}
+)
 
 
 @dataclass(frozen=True)
@@ -83,12 +113,9 @@ METRICS: dict[str, Metric] = {
         "counter", {"method": frozenset(METHODS), "code": frozenset(CODES), **NAMESPACE}
     ),
     "idempotency_call_duration_seconds": Metric("histogram", {"method": frozenset(METHODS)}),
-    "idempotency_claims_total": Metric(
-        "counter",
-        {
-            "outcome": frozenset({"claimed", "in_progress", "completed", "fingerprint_mismatch"}),
-            **NAMESPACE,
-        },
+    "idempotency_claims_total": Metric("counter", {"outcome": CLAIM_OUTCOMES, **NAMESPACE}),
+    "idempotency_errors_total": Metric(
+        "counter", {"method": frozenset(METHODS), "reason": frozenset(REASONS)}
     ),
     "idempotency_lease_takeovers_total": Metric("counter", {**NAMESPACE}),
     "idempotency_lease_lost_total": Metric(
@@ -102,8 +129,9 @@ METRICS: dict[str, Metric] = {
     "idempotency_db_pool_waiting": Metric("gauge"),
     "idempotency_reaper_runs_total": Metric("counter", {"result": frozenset({"ok", "error"})}),
     "idempotency_reaper_deleted_total": Metric("counter"),
+    "idempotency_reaper_remembered_total": Metric("counter"),
     "idempotency_records": Metric(
-        "gauge", {"state": frozenset({"in_progress", "completed", "released", "expired"})}
+        "gauge", {"state": frozenset({"in_progress", "completed", "released", "expired", "remembered"})}
     ),
     "idempotency_reaper_lag_seconds": Metric("gauge"),
     "idempotency_store_up": Metric("gauge"),
@@ -316,6 +344,7 @@ def test_the_dashboard_has_the_panels_an_operator_looks_for():
         "Call rate by method and code",
         "Error ratio",
         "Latency p50 and p99 by method",
+        "Errors by reason",
         "Refused calls by code",
         "TLS handshake failures",
         "Claim outcomes",
@@ -327,6 +356,8 @@ def test_the_dashboard_has_the_panels_an_operator_looks_for():
         "Reaper",
         "Reaper lag",
         "Purges",
+        "Remembered keys",
+        "Late retries",
         "Replay cache hit ratio",
         "Replay cache size",
         "Replay cache fresh",
@@ -341,6 +372,9 @@ def test_the_dashboard_has_the_panels_an_operator_looks_for():
     assert units["Latency p50 and p99 by method"] == units["Reaper lag"] == "s"
     assert units["Wait duration p50 and p99"] == "s"
     assert units["Call rate by method and code"] == units["Refused calls by code"] == "reqps"
+    assert units["Errors by reason"] == "reqps"
+    assert units["Remembered keys"] == "short"
+    assert units["Late retries"] == "ops"
 
 
 def test_the_refused_calls_panel_shows_every_refusal_code():
@@ -352,6 +386,52 @@ def test_the_refused_calls_panel_shows_every_refusal_code():
                 if matcher.name == "code":
                     shown |= set(matcher.value.split("|"))
     assert shown == REFUSED_CODES
+
+
+def metrics_and_matchers(panel: dict) -> list[tuple[str, dict[str, str]]]:
+    """Each series a panel selects: its metric and its equality and regex
+    matchers other than job and instance."""
+    out = []
+    for target in panel["targets"]:
+        for selector in selectors(promql.parse(grafana_to_promql(target["expr"]))):
+            matchers = {
+                m.name: m.value
+                for m in selector.matchers.matchers
+                if m.name not in TARGET_LABELS and m.name != "__name__"
+            }
+            out.append((selector.name, matchers))
+    return out
+
+
+def panel_titled(title: str) -> dict:
+    [panel] = [p for p in visualisations(dashboard()) if p["title"] == title]
+    return panel
+
+
+def test_the_errors_panel_shows_every_failed_call_by_its_reason():
+    panel = panel_titled("Errors by reason")
+    # Every reason, none filtered out, one series per reason.
+    assert metrics_and_matchers(panel) == [("idempotency_errors_total", {})]
+    [target] = panel["targets"]
+    tree = promql.parse(grafana_to_promql(target["expr"]))
+    assert isinstance(tree, promql.AggregateExpr) and list(tree.modifier.labels) == ["reason"]
+    assert target["legendFormat"] == "{{reason}}"
+
+
+def test_remembered_keys_have_their_panels():
+    # The markers, as the records gauge counts them.
+    assert metrics_and_matchers(panel_titled("Remembered keys")) == [
+        ("idempotency_records", {"state": "remembered"})
+    ]
+    # Late retries, re-executed and refused.
+    assert metrics_and_matchers(panel_titled("Late retries")) == [
+        ("idempotency_claims_total", {"outcome": "reexecuted|expired"})
+    ]
+    # The reaper's two steps: markers made, rows deleted.
+    reaper = [name for name, _ in metrics_and_matchers(panel_titled("Reaper"))]
+    assert {"idempotency_reaper_remembered_total", "idempotency_reaper_deleted_total"} <= set(reaper)
+    # Records by state takes every state, markers included.
+    assert metrics_and_matchers(panel_titled("Records by state")) == [("idempotency_records", {})]
 
 
 def test_panels_do_not_overlap():
@@ -454,6 +534,90 @@ def test_the_server_source_names_exactly_the_methods_and_codes_checked_here():
     assert code_name, "code_name is gone from src/grpc/status.rs"
     codes = set(re.findall(r'=> "(\w+)"', code_name.group(0)))
     assert codes | {"ok"} == CODES
+
+
+def source_names(path: Path, function: str) -> set[str]:
+    """The string literals a Rust function's match arms give (`=> "name"`)."""
+    body = re.search(rf"fn {function}\(.*?\n    }}\n", path.read_text(), re.S)
+    assert body, f"{function} is gone from {path.relative_to(REPO)}"
+    return set(re.findall(r'=> "(\w+)"', body.group(0)))
+
+
+def proto_enum(name: str, prefix: str) -> list[str]:
+    """The value names of a proto enum, without their prefix, UNSPECIFIED left out."""
+    body = re.search(rf"^enum {name} \{{(.*?)^\}}", PROTO.read_text(), re.S | re.M)
+    assert body, f"enum {name} is gone from the proto"
+    names = re.findall(rf"^\s*{prefix}(\w+) = \d+;", body.group(1), re.M)
+    return [n for n in names if n != "UNSPECIFIED"]
+
+
+def test_the_server_source_names_exactly_the_reasons_and_claim_outcomes_checked_here():
+    assert source_names(ERROR_SOURCE, "as_str") == REASONS
+    assert set(proto_enum("ErrorReason", "ERROR_REASON_")) == REASONS
+    assert source_names(DOMAIN_SOURCE, "name") == CLAIM_OUTCOMES
+
+
+# The gRPC code each reason comes with (src/grpc/status.rs, `code_of`).
+REASON_CODES = {
+    "INVALID_ARGUMENT": "INVALID_ARGUMENT",
+    "NOT_FOUND": "NOT_FOUND",
+    "KEY_EXPIRED": "NOT_FOUND",
+    "LEASE_LOST": "FAILED_PRECONDITION",
+    "LEASE_RELEASED": "FAILED_PRECONDITION",
+    "KEY_COMPLETED": "FAILED_PRECONDITION",
+    "CONTENDED": "ABORTED",
+    "STORE_UNAVAILABLE": "UNAVAILABLE",
+    "UNAUTHENTICATED": "UNAUTHENTICATED",
+    "PERMISSION_DENIED": "PERMISSION_DENIED",
+    "RATE_LIMITED": "RESOURCE_EXHAUSTED",
+    "OVERLOADED": "RESOURCE_EXHAUSTED",
+    "DEADLINE_EXCEEDED": "DEADLINE_EXCEEDED",
+    "INTERNAL": "INTERNAL",
+}
+# What a caller does next, as the README's table says it (one of four).
+NEXT_STEPS = {"retry the same key", "use a new key", "wait", "stop"}
+
+
+def what_to_do_next() -> list[list[str]]:
+    """The rows of README's "What to do next" table, as cells."""
+    section = re.search(r"^### What to do next\n(.*?)^#", README.read_text(), re.S | re.M)
+    assert section, "README has no \"What to do next\" section"
+    rows = [line for line in section.group(1).splitlines() if line.startswith("| ")]
+    header, rows = rows[0], rows[1:]
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "answer",
+        "what it means",
+        "what to do",
+        "what the helpers do",
+    ]
+    return [[c.strip() for c in row.strip("|").split(" | ")] for row in rows]
+
+
+def test_the_readme_says_what_to_do_next_for_every_outcome_and_reason():
+    rows = what_to_do_next()
+    answers = [row[0] for row in rows]
+    outcomes = [f"`OUTCOME_{name}`" for name in proto_enum("Outcome", "OUTCOME_")]
+    # Every Claim outcome, and the re-executed late retry apart.
+    expected = outcomes[:1] + ["`OUTCOME_CLAIMED` with `completed_at` set"] + outcomes[1:]
+    # Every reason, with its code, in the proto's order.
+    expected += [
+        f"`{REASON_CODES[reason]}` · `{reason}`" for reason in proto_enum("ErrorReason", "ERROR_REASON_")
+    ]
+    assert answers == expected
+    for row in rows:
+        assert len(row) == 4, row[0]
+        assert all(row), f"{row[0]}: an empty cell"
+        steps = {step for step in NEXT_STEPS if f"**{step}**" in row[2]}
+        # Doing the work is the next step of a won Claim; every other answer
+        # names one of the four.
+        assert steps or row[0].startswith("`OUTCOME_CLAIMED`"), f"{row[0]}: {row[2]}"
+    assert set(REASON_CODES) == REASONS
+
+
+def test_the_operations_page_names_every_reason():
+    row = re.search(r"^\| `idempotency_errors_total` \|.*$", OPERATIONS.read_text(), re.M)
+    assert row
+    assert set(re.findall(r"\b[A-Z][A-Z_]+[A-Z]\b", row.group(0))) >= REASONS
 
 
 def test_the_operations_page_lists_every_metric_with_its_type_and_labels():
