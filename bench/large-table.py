@@ -14,8 +14,9 @@ import json
 import os
 import sys
 
-# The issue's targets (issue 13).
-CLAIM_COMPLETE_RATIO = 0.8
+# The issues' targets: issue 13 asked 0.8x at 50 million rows, issue 24 asks
+# 0.9x with the markers in the table.
+CLAIM_COMPLETE_RATIO = 0.9
 EXPIRY_RATE_TARGET = 5000
 # A reaper that keeps pace leaves no expired row waiting much longer than one
 # of its intervals; one that falls behind leaves rows waiting most of the window.
@@ -60,24 +61,46 @@ def read_point(out, step, scenario, problems):
 
 
 def reaper_figures(point, run, problems, name):
-    """Deletions in the window against the expiries the schedule put in it."""
+    """The reaper's work in the window against the expiries the schedule put
+    in it: records to turn into markers (or to delete, without markers) and
+    markers past their horizon to delete."""
     window = point["window_end"] - point["window_start"]
     deleted = point["reaper_deleted_end"] - point["reaper_deleted_start"]
+    remembered = point.get("reaper_remembered_end", 0) - point.get("reaper_remembered_start", 0)
     start, rows, rate = point["expiry_start"], point["expiry_rows"], point["expiry_rate"]
-    end = start + rows / rate
-    overlap = max(0.0, min(end, point["window_end"]) - max(start, point["window_start"]))
-    expired = rate * overlap
+    marker_rows = point.get("marker_expiry_rows", 0)
+    end = start + max(rows, marker_rows) / rate
+
+    def in_window(n):
+        overlap = max(0.0, min(start + n / rate, point["window_end"]) - max(start, point["window_start"]))
+        return rate * overlap
+
+    expired = in_window(rows)             # records
+    horizons = in_window(marker_rows)     # markers
+    # With markers, the records become markers and the markers are deleted;
+    # without, the records are deleted.
+    work, done = expired + horizons, deleted + remembered
     figures = {
         "window_s": round(window, 3),
         "deleted": deleted,
         "deleted_per_s": deleted / window,
+        "remembered": remembered,
+        "remembered_per_s": remembered / window,
         "expired_in_window": round(expired),
         "expired_per_s": expired / window,
-        "ratio": (deleted / expired) if expired else None,
+        "horizons_in_window": round(horizons),
+        "horizons_per_s": horizons / window,
+        "done_per_s": done / window,
+        "due_per_s": work / window,
+        "ratio": (done / work) if work else None,
         "covered": start <= point["window_start"] and end >= point["window_end"],
         "backlog_start_rows": point["backlog_start_rows"],
         "backlog_end_rows": point["backlog_end_rows"],
         "backlog_end_oldest_s": point["backlog_end_oldest_s"],
+        "backlog_end_records": point.get("backlog_end_records"),
+        "backlog_end_markers": point.get("backlog_end_markers"),
+        "backlog_end_records_oldest_s": point.get("backlog_end_records_oldest_s"),
+        "backlog_end_markers_oldest_s": point.get("backlog_end_markers_oldest_s"),
     }
     if not expired:
         problems.append(f"{name}: no expiry fell in the window")
@@ -129,19 +152,27 @@ def main():
         rows.append(entry)
 
     base = rows[0]
+    # The baseline's Claim+Complete again after the largest step.
+    again = None
+    if run.get("repeat_baseline"):
+        again = read_point(out, "empty-after", "claim-complete", problems)
 
     def rate(entry, scenario):
         point = entry.get(scenario)
         return None if point is None else point["rate"]
 
+    markers_per_live = run.get("markers_per_live", 0)
     lines = [
         f"Table growth: Claim+Complete at {run['callers']} callers for {run['window_s']} s while "
-        f"{run['expiry_rate']} rows/s expire (reaper every {run['reaper_interval']}), duplicates at "
+        f"{run['expiry_rate']} records/s expire"
+        + (f" and as many markers reach their horizon ({markers_per_live} markers per live record in each step's rows)"
+           if markers_per_live else " (no markers)")
+        + f" (reaper every {run['reaper_interval']}), duplicates at "
         f"{run['callers']} callers and ClaimBatch of {run['batch_size']} at {run['batch_callers']} callers "
         f"for {run['seconds']} s each; ratios against the empty table.",
         "",
-        "| rows | table | indexes | claim+complete/s | vs empty | p50 ms | p99 ms | p99 vs empty "
-        "| reaper deleted/s | expired/s | ratio | backlog at end (rows, oldest s) "
+        "| rows (records + markers) | table | indexes | claim+complete/s | vs empty | p50 ms | p99 ms | p99 vs empty "
+        "| reaper: markers made/s, rows deleted/s | due/s (records, markers) | ratio | backlog at end (records, markers, oldest s) "
         "| duplicates/s | vs empty | ClaimBatch keys/s | vs empty | autovacuum runs |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -152,6 +183,8 @@ def main():
         cells = ["empty (100 rows)"]
         if entry["step"] != "empty":
             cells[0] = f"{int(entry['step']):,}"
+            if before and "marker_rows" in before:
+                cells[0] += f" ({before['fill_rows']:,} + {before['marker_rows']:,})"
         if before:
             cells += [size_text(before["table_bytes"]), size_text(sum(before["indexes"].values()))]
         else:
@@ -165,11 +198,14 @@ def main():
             ratio_text(ratio(cc and cc["p99_us"], base.get("claim-complete") and base["claim-complete"]["p99_us"])),
         ]
         if reaper:
+            records, markers = reaper["backlog_end_records"], reaper["backlog_end_markers"]
             cells += [
-                f"{reaper['deleted_per_s']:,.0f}",
-                f"{reaper['expired_per_s']:,.0f}" + ("" if reaper["covered"] else " (partial)"),
+                f"{reaper['remembered_per_s']:,.0f}, {reaper['deleted_per_s']:,.0f}",
+                f"{reaper['due_per_s']:,.0f} ({reaper['expired_per_s']:,.0f}, {reaper['horizons_per_s']:,.0f})"
+                + ("" if reaper["covered"] else " (partial)"),
                 ratio_text(reaper["ratio"]),
-                f"{reaper['backlog_end_rows']:,}, {reaper['backlog_end_oldest_s']:.0f}",
+                (f"{reaper['backlog_end_rows']:,}" if records is None else f"{records:,}, {markers:,}")
+                + f", {reaper['backlog_end_oldest_s']:.0f}",
             ]
         else:
             cells += ["–", "–", "–", "–"]
@@ -185,6 +221,13 @@ def main():
             cells.append(text)
         else:
             cells.append("?")
+        lines.append("| " + " | ".join(cells) + " |")
+    if again is not None:
+        cells = ["empty again, after the largest step", "", "", f"{again['rate']:,.0f}",
+                 ratio_text(ratio(again["rate"], rate(base, "claim-complete"))), ms(again["p50_us"]),
+                 ms(again["p99_us"]), ratio_text(ratio(again["p99_us"], base.get("claim-complete")
+                                                       and base["claim-complete"]["p99_us"]))]
+        cells += ["–"] * 9
         lines.append("| " + " | ".join(cells) + " |")
 
     # The table per step: every index, the tuples and autovacuum.
@@ -235,7 +278,7 @@ def main():
                   "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for fill in fills:
             lines.append(
-                f"| {fill['fill_rows']:,} | {fill['rows_added']:,} | {fill['seconds']:.1f} "
+                f"| {fill.get('rows', fill['fill_rows']):,} | {fill['rows_added']:,} | {fill['seconds']:.1f} "
                 f"| {fill['seconds'] / fill['rows_added'] * 1e6:.1f} | {fill['clear_s']:.1f} | {fill['insert_s']:.1f} "
                 f"| {fill['indexes_s']:.1f} | {fill['vacuum_checkpoint_restart_s']:.1f} |"
             )
@@ -244,14 +287,25 @@ def main():
     largest = rows[-1]
     targets = []
     if len(rows) > 1:
-        r = ratio(rate(largest, "claim-complete"), rate(base, "claim-complete"))
-        met = None if r is None else r >= CLAIM_COMPLETE_RATIO
+        large_rate = rate(largest, "claim-complete")
+        r = ratio(large_rate, rate(base, "claim-complete"))
+        text = ratio_text(r)
+        judged_r = r
+        if again is not None:
+            # Judged against the mean of the two empty-table runs around it.
+            before_rate, after_rate = rate(base, "claim-complete"), again["rate"]
+            judged_r = ratio(large_rate, None if before_rate is None else (before_rate + after_rate) / 2)
+            text = (f"{ratio_text(judged_r)} against the mean of the empty table before and after "
+                    f"({ratio_text(r)} against the one before, {ratio_text(ratio(large_rate, after_rate))} "
+                    f"against the one after)")
+        met = None if judged_r is None else judged_r >= CLAIM_COMPLETE_RATIO
         targets.append({
             "target": f"claim+complete at {run['callers']} callers at {int(largest['step']):,} rows "
                       f"≥ {CLAIM_COMPLETE_RATIO}x the empty table's (issue: at 64 callers)",
-            "value": None if r is None else round(r, 3),
+            "value": None if judged_r is None else round(judged_r, 3),
+            "value_against_before": None if r is None else round(r, 3),
             "met": met,
-            "text": ratio_text(r),
+            "text": text,
         })
         reaper = largest.get("reaper")
         unjudged = []
@@ -267,8 +321,9 @@ def main():
             text, met = "?", None
         else:
             text = (f"oldest expired row {reaper['backlog_end_oldest_s']:.0f} s at the end "
-                    f"(limit {limit:.0f} s); deleted {reaper['deleted_per_s']:,.0f}/s against "
-                    f"{reaper['expired_per_s']:,.0f}/s expiring")
+                    f"(limit {limit:.0f} s); made {reaper['remembered_per_s']:,.0f} markers/s and deleted "
+                    f"{reaper['deleted_per_s']:,.0f} rows/s against {reaper['expired_per_s']:,.0f} records/s "
+                    f"expiring and {reaper['horizons_per_s']:,.0f} markers/s reaching their horizon")
             met = reaper["backlog_end_oldest_s"] <= limit if judged else None
             if not judged:
                 text += "; not judged: " + " and ".join(unjudged)
@@ -278,9 +333,23 @@ def main():
             "met": met,
             "text": text,
         })
+        t = largest["before"]
+        if t:
+            indexes = sum(t["indexes"].values())
+            count = int(largest["step"])
+            kinds = (f" ({t['fill_rows']:,} records and {t['marker_rows']:,} markers)"
+                     if "marker_rows" in t else "")
+            targets.append({
+                "target": f"the table's size at {count:,} rows{kinds}",
+                "value": t["total_bytes"],
+                "met": None,
+                "text": (f"{size_text(t['total_bytes'])} in all: heap {size_text(t['table_bytes'])}, indexes "
+                         f"{size_text(indexes)} ({', '.join(f'{k} {size_text(v)}' for k, v in sorted(t['indexes'].items()))}); "
+                         f"{t['total_bytes'] / count:.0f} bytes a row"),
+            })
         lines += ["", "| target | figure | met |", "|---|---|---|"]
         for t in targets:
-            met_text = {True: "yes", False: "no", None: "not judged"}[t["met"]]
+            met_text = {True: "yes", False: "no", None: "measured" if "size" in t["target"] else "not judged"}[t["met"]]
             lines.append(f"| {t['target']} | {t['text']} | {met_text} |")
 
     notes = []
@@ -288,8 +357,8 @@ def main():
         reaper = entry.get("reaper")
         if reaper and not reaper["covered"]:
             notes.append(f"{entry['step']}: the expiries did not cover the whole window (see tables/expiry-{entry['step']}.json)")
-    notes.append("'rows' counts the fill; the points of a step add their own rows (fresh keys, 24 h retention), "
-                 "counted in the live tuples, and they are deleted before the next step's fill.")
+    notes.append("'rows' counts the fill (completed records and markers); the points of a step add their own rows "
+                 "(fresh keys, 24 h retention), counted in the live tuples, and they are deleted before the next step's fill.")
     lines += [""] + [f"- {note}" for note in notes]
 
     text = "\n".join(lines) + "\n"
@@ -302,6 +371,7 @@ def main():
                   | {s: ({k: v for k, v in entry[s].items() if k != "result"} if entry.get(s) else None)
                      for s in ("claim-complete", "duplicate", "claim-batch")}
                   for entry in rows],
+        "empty_after": None if again is None else {k: v for k, v in again.items() if k != "result"},
         "targets": targets,
         "problems": problems,
     }
