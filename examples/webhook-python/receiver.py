@@ -21,9 +21,11 @@ the provider delivers it:
                              database, at most once per event id ever (the
                              marker), and Complete with the response: 200.
                              When the marker is there already (an earlier
-                             delivery applied it and never completed, or the
-                             service's record expired and was reaped), its
-                             stored response is completed instead.
+                             delivery applied it and never completed, or a
+                             late delivery after the stored response
+                             expired: re-executed while the service remembers
+                             the event, or claimed anew once it forgot it),
+                             its stored response is completed instead.
        COMPLETED             the stored response, as it was (the replay): 200,
                              with `Idempotent-Replayed: true`.
        IN_PROGRESS           503 with Retry-After (the time left on the other
@@ -239,10 +241,12 @@ class Applied:
 
     response: Dict[str, Any]
     #: None: this lease applied the effect. Otherwise the marker's fencing
-    #: token as it was found: lower than ours, an earlier lease of this record
-    #: applied it and never completed; equal or higher, either the service's
-    #: record expired and was reaped (its fencing token restarted at 1) or a
-    #: newer lease holder wrote it, and only Complete can tell which.
+    #: token as it was found: lower than ours, an earlier lease applied it and
+    #: either never completed or completed long ago (a late retry: the Claim
+    #: says when, completed_at); equal or higher, either the service forgot
+    #: the key (past its horizon the record is deleted and its fencing token
+    #: restarts at 1) or a newer lease holder wrote it, and only Complete can
+    #: tell which.
     marker_token: Optional[int] = None
 
 
@@ -274,8 +278,8 @@ def apply_payment(
     effect is there already, the one stored with it (never a second effect,
     never another amount). The fencing token is recorded, not used to refuse:
     a marker with a higher token than ours is either a newer holder's (our
-    Complete will then be refused) or from before the service's record was
-    reaped (our Complete succeeds); Complete decides, as in the NATS example."""
+    Complete will then be refused) or from before the service forgot the key
+    (our Complete succeeds); Complete decides, as in the NATS example."""
     with contextlib.closing(open_db(path)) as conn:
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -406,8 +410,9 @@ def create_app(config: Optional[Config] = None) -> FastAPI:
 
         # The receiver's own marker outlives the service's record: an event
         # whose effect was applied for another body is refused here, before
-        # any Claim, however late it comes (the service has forgotten it
-        # once its record expired and was reaped).
+        # any Claim, however late it comes (once the stored response expired
+        # the service re-executes a late delivery without comparing
+        # fingerprints, and past the key's horizon it has forgotten it).
         if event["type"] in APPLIED_TYPES:
             marked = await asyncio.to_thread(marker_fingerprint, cfg.database, event_id)
             if marked is not None and marked != fp.hex():
@@ -461,17 +466,31 @@ def create_app(config: Optional[Config] = None) -> FastAPI:
             return error(500, "handler_failed", "processing failed; the event will be processed on retry", event_id)
 
         # Idempotent-Replayed marks an answer an earlier delivery completed:
-        # the service's replay, or, once the service has forgotten the event,
-        # the marker's stored response. A takeover (an earlier delivery
-        # applied the effect and never completed) is the event's first
-        # completed answer, and is not marked.
+        # the service's replay, or, once the stored response expired, the
+        # marker's. A takeover (an earlier delivery applied the effect and
+        # never completed) is the event's first completed answer, and is not
+        # marked.
         replayed = applied is None
+        # A late retry: the event completed before (completed_at) and its
+        # stored response expired; the service remembers the event and
+        # re-executed it under the next fencing token (above the marker's).
+        late = None if run.replayed else run.claim.completed_at
         if applied is not None and applied.marker_token is not None:
             # Complete accepted our lease, so ours is the key's current one.
-            if applied.marker_token >= run.fencing_token:
-                # Within one record, every lease has a larger token than the
-                # ones before; so the record the marker was written under is
-                # gone: it expired and was reaped, and the token restarted.
+            if late is not None:
+                replayed = True
+                log.warning(
+                    "webhook %s: a late delivery after the stored response expired (completed at %s; the service"
+                    " remembers the event and re-executed it: fencing token %d now, %d on the marker); answered"
+                    " with the stored response, nothing applied. The retention (%d s) is shorter than this"
+                    " provider's redelivery window.",
+                    event_id, late.isoformat(), run.fencing_token, applied.marker_token, cfg.retention,
+                )
+            elif applied.marker_token >= run.fencing_token:
+                # Within one record, and while the service remembers a key,
+                # every lease has a larger token than the ones before; so the
+                # record the marker was written under is gone: past its
+                # horizon the service deleted it, and the token restarted.
                 replayed = True
                 log.warning(
                     "webhook %s: a late delivery after the service forgot the event (its record expired and was"
@@ -485,6 +504,10 @@ def create_app(config: Optional[Config] = None) -> FastAPI:
                     " completed with its stored response (fencing token %d), nothing applied again",
                     event_id, applied.marker_token, run.fencing_token,
                 )
+        elif late is not None:
+            # No marker (an event type this receiver ignores): handled again.
+            log.warning("webhook %s: a late delivery after the stored response expired (completed at %s):"
+                        " handled again under fencing token %d", event_id, late.isoformat(), run.fencing_token)
         headers = {REPLAYED_HEADER: "true"} if replayed else None
         return JSONResponse(status_code=stored["status"], content=stored["body"], headers=headers)
 

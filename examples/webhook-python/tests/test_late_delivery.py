@@ -1,11 +1,16 @@
-"""A delivery that comes after the service forgot the event: its record
-expired (a 1 s retention here) and the server's reaper deleted the row, so the
-key's fencing token restarts at 1, below the token on the receiver's marker.
+"""A delivery that comes after the event's stored response expired (a 1 s
+retention here).
 
-What the receiver must do (README, "Late deliveries"): answer the first such
-delivery with the stored response (200, `Idempotent-Replayed: true`), apply
-nothing, and log the real cause; the same event id with another body gets 409
-and changes nothing, however late.
+Within remember_for (IDEMPOTENCY_REMEMBER_FOR, 7 days after the Complete by
+default) the service remembers the event and re-executes the late delivery:
+CLAIMED under the NEXT fencing token, above the marker's, with completed_at.
+Past that horizon (IDEMPOTENCY_REMEMBER_FOR=0s here) the reaper deletes the
+row and the key's fencing token restarts at 1, below the marker's.
+
+What the receiver must do either way (README, "Late deliveries"): answer the
+first such delivery with the stored response (200, `Idempotent-Replayed:
+true`), apply nothing, and log the real cause; the same event id with another
+body gets 409 and changes nothing, however late.
 """
 
 from __future__ import annotations
@@ -27,10 +32,23 @@ RETENTION_SECONDS = 1
 
 @pytest.fixture
 def reaping_server(tmp_path):
-    """A server whose reaper runs every 200 ms, on its own embedded store."""
+    """A server whose reaper runs every 200 ms, on its own embedded store,
+    remembering completed events as by default (7 days past their Complete)."""
     data_dir = tmp_path / "reaping-store"
     data_dir.mkdir()
     with ServerProcess.start(server_binary(), data_dir=data_dir, env={"IDEMPOTENCY_REAPER_INTERVAL": "200ms"}) as server:
+        server.data_dir = data_dir
+        yield server
+
+
+@pytest.fixture
+def forgetting_server(tmp_path):
+    """The same, remembering nothing past a response's retention
+    (IDEMPOTENCY_REMEMBER_FOR=0s): what any server does past a key's horizon."""
+    data_dir = tmp_path / "reaping-store"
+    data_dir.mkdir()
+    env = {"IDEMPOTENCY_REAPER_INTERVAL": "200ms", "IDEMPOTENCY_REMEMBER_FOR": "0s"}
+    with ServerProcess.start(server_binary(), data_dir=data_dir, env=env) as server:
         server.data_dir = data_dir
         yield server
 
@@ -53,6 +71,20 @@ def wait_until_reaped(server, namespace: str, key: str, timeout: float = 20.0) -
             return
         assert time.monotonic() < deadline, "the reaper never deleted the expired record"
         time.sleep(0.1)
+
+
+def wait_until_remembered(server, namespace: str, key: str, token: int, timeout: float = 20.0):
+    """Until Get says the event is remembered (its stored response expired:
+    ABSENT with remembered_until set) under the last lease's token; its Get."""
+    deadline = time.monotonic() + timeout
+    with IdempotencyClient(server.target) as client:
+        while True:
+            record = client.get(namespace, key)
+            if record.state is State.ABSENT and record.remembered_until is not None:
+                assert record.fencing_token == token, record
+                return record
+            assert time.monotonic() < deadline, f"the event was never remembered: {record}"
+            time.sleep(0.05)
 
 
 def receiver_state(receiver):
@@ -84,10 +116,71 @@ def first_completed_under_token_2(receiver, body: bytes) -> bytes:
     return answer.content
 
 
-def test_a_late_delivery_after_the_record_was_reaped_gets_the_stored_answer_first_time(reaping_server, receiver_factory):
+def test_a_late_delivery_within_remember_for_is_re_executed_and_gets_the_stored_answer(
+        reaping_server, receiver_factory):
+    receiver = receiver_factory(
+        {"WEBHOOK_RETENTION_SECONDS": str(RETENTION_SECONDS), "WEBHOOK_TEST_FAIL_AFTER_EFFECT": "evt_5003"},
+        target=reaping_server.target,
+    )
+    body = event("evt_5003", 4100)
+    key = derive_key(PROVIDER, "evt_5003")
+    first = first_completed_under_token_2(receiver, body)
+    before = receiver_state(receiver)
+    assert before["payments"] == [("evt_5003", 4100, 2)]
+
+    marker = wait_until_remembered(reaping_server, receiver.namespace, key, 2)
+
+    # The provider redelivers after the stored response expired: the service
+    # re-executes it under token 3, the receiver answers from its marker.
+    late = post(receiver.url, body)
+    assert late.status_code == 200, late.text
+    assert late.headers["Idempotent-Replayed"] == "true"
+    assert late.content == first
+    # Nothing applied again; the marker records the newest lease.
+    assert receiver_state(receiver) == {**before, "payments": [("evt_5003", 4100, 3)]}
+    with IdempotencyClient(reaping_server.target) as client:
+        record = client.get(receiver.namespace, key)
+        assert record.state is State.COMPLETED and record.fencing_token == 3
+        assert json.loads(record.response)["body"] == json.loads(first)
+    log = receiver.log()
+    assert (f"webhook evt_5003: a late delivery after the stored response expired (completed at"
+            f" {marker.completed_at.isoformat()}; the service remembers the event and re-executed it: fencing token 3"
+            " now, 2 on the marker); answered with the stored response, nothing applied. The retention (1 s) is"
+            " shorter than this provider's redelivery window.") in log, log
+    # Only the retry that took the first lease over was a takeover, not the late delivery.
+    assert log.count("webhook evt_5003: an earlier delivery (fencing token 1) applied the effect and never completed") == 1, log
+    assert "lease" not in log.lower(), log
+
+
+def test_a_late_delivery_within_remember_for_with_another_body_is_refused(reaping_server, receiver_factory):
+    receiver = receiver_factory({"WEBHOOK_RETENTION_SECONDS": str(RETENTION_SECONDS)}, target=reaping_server.target)
+    body = event("evt_5004", 1200)
+    key = derive_key(PROVIDER, "evt_5004")
+    first = post(receiver.url, body)
+    assert first.status_code == 200, first.text
+    before = receiver_state(receiver)
+    wait_until_remembered(reaping_server, receiver.namespace, key, 1)
+
+    # Refused from the marker before any Claim: the service, which would
+    # re-execute it without comparing fingerprints, is not asked.
+    other = post(receiver.url, event("evt_5004", 999_999))
+    assert other.status_code == 409, other.text
+    assert other.json()["error"] == "fingerprint_mismatch"
+    assert receiver_state(receiver) == before
+    wait_until_remembered(reaping_server, receiver.namespace, key, 1)
+
+    again = post(receiver.url, body)
+    assert again.status_code == 200, again.text
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert receiver_state(receiver) == {**before, "payments": [("evt_5004", 1200, 2)]}
+
+
+def test_a_late_delivery_after_the_service_forgot_the_event_gets_the_stored_answer_first_time(
+        forgetting_server, receiver_factory):
     receiver = receiver_factory(
         {"WEBHOOK_RETENTION_SECONDS": str(RETENTION_SECONDS), "WEBHOOK_TEST_FAIL_AFTER_EFFECT": "evt_5001"},
-        target=reaping_server.target,
+        target=forgetting_server.target,
     )
     body = event("evt_5001", 7300)
     key = derive_key(PROVIDER, "evt_5001")
@@ -97,7 +190,7 @@ def test_a_late_delivery_after_the_record_was_reaped_gets_the_stored_answer_firs
     before = receiver_state(receiver)
     assert before["payments"] == [("evt_5001", 7300, 2)]
 
-    wait_until_reaped(reaping_server, receiver.namespace, key)
+    wait_until_reaped(forgetting_server, receiver.namespace, key)
 
     # The provider redelivers, long after (a manual redelivery): one try.
     late = post(receiver.url, body)
@@ -108,7 +201,7 @@ def test_a_late_delivery_after_the_record_was_reaped_gets_the_stored_answer_firs
     assert receiver_state(receiver) == before
     # The service remembers the event again: completed under the restarted
     # token, replaying the same response.
-    with IdempotencyClient(reaping_server.target) as client:
+    with IdempotencyClient(forgetting_server.target) as client:
         record = client.get(receiver.namespace, key)
         assert record.state is State.COMPLETED and record.fencing_token == 1
         assert json.loads(record.response)["body"] == json.loads(first)
@@ -120,8 +213,8 @@ def test_a_late_delivery_after_the_record_was_reaped_gets_the_stored_answer_firs
     assert "lease" not in log.lower(), log
 
 
-def test_a_late_delivery_with_another_body_is_refused_and_applies_nothing(reaping_server, receiver_factory):
-    receiver = receiver_factory({"WEBHOOK_RETENTION_SECONDS": str(RETENTION_SECONDS)}, target=reaping_server.target)
+def test_a_late_delivery_after_the_service_forgot_the_event_with_another_body_is_refused(forgetting_server, receiver_factory):
+    receiver = receiver_factory({"WEBHOOK_RETENTION_SECONDS": str(RETENTION_SECONDS)}, target=forgetting_server.target)
     body = event("evt_5002", 1100)
     key = derive_key(PROVIDER, "evt_5002")
     first = post(receiver.url, body)
@@ -129,17 +222,16 @@ def test_a_late_delivery_with_another_body_is_refused_and_applies_nothing(reapin
     before = receiver_state(receiver)
     assert before["balances"] == [("cus_L", 1100)]
 
-    wait_until_reaped(reaping_server, receiver.namespace, key)
+    wait_until_reaped(forgetting_server, receiver.namespace, key)
 
     # The same event id with another amount, after the service forgot it:
-    # refused from the receiver's own marker, as the service would while it
-    # remembered; nothing claimed, nothing applied.
+    # refused from the receiver's own marker; nothing claimed, nothing applied.
     other = post(receiver.url, event("evt_5002", 999_999))
     assert other.status_code == 409, other.text
     assert other.json() == {"error": "fingerprint_mismatch", "detail": "this event id was delivered with another body",
                             "event_id": "evt_5002"}
     assert receiver_state(receiver) == before
-    with IdempotencyClient(reaping_server.target) as client:
+    with IdempotencyClient(forgetting_server.target) as client:
         assert client.get(receiver.namespace, key).state is State.ABSENT
     assert "webhook evt_5002: another body than the one whose effect was applied: refused (409)" in receiver.log()
 
