@@ -10,7 +10,8 @@ Modules users import from:
   channels     several addresses or a dns:/// name, round-robin, retries on the next one
   keys         derive_key() and fingerprint(): canonical forms in clients/KEYS.md
   types        Outcome, State and the typed results of the RPCs
-  errors       one exception class per status a caller can act on
+  errors       one exception class per status a caller can act on, with the
+               status's google.rpc details (reason, retry_delay, field)
   serializers  how once() stores results (JSON by default)
   testing      start a real server for tests
 
@@ -27,15 +28,18 @@ Where client, aio and once keep their code:
 from .aio import AsyncIdempotencyClient, AsyncOnce, AsyncRun
 from .client import IdempotencyClient, new_lease_token
 from .errors import (
+    ErrorDetails,
     FingerprintMismatch,
     IdempotencyError,
     InProgress,
     InvalidArgument,
+    KeyExpired,
     KeyNotFound,
     LeaseLost,
     LeaseNotCurrent,
     PermissionDenied,
     ResourceExhausted,
+    ResultExpired,
     Unauthenticated,
     Unavailable,
 )
@@ -50,6 +54,7 @@ from .types import (
     CompleteItemResult,
     CompleteResult,
     ExtendLeaseResult,
+    LateRetry,
     Outcome,
     PurgeResult,
     Record,
@@ -68,6 +73,7 @@ __all__ = [
     "CompleteItem",
     "CompleteItemResult",
     "CompleteResult",
+    "ErrorDetails",
     "ExtendLeaseResult",
     "FingerprintMismatch",
     "IdempotencyClient",
@@ -76,7 +82,9 @@ __all__ = [
     "InvalidArgument",
     "JSON",
     "JsonSerializer",
+    "KeyExpired",
     "KeyNotFound",
+    "LateRetry",
     "LeaseLost",
     "LeaseNotCurrent",
     "Once",
@@ -86,6 +94,7 @@ __all__ = [
     "RETRYABLE_CODES",
     "Record",
     "ResourceExhausted",
+    "ResultExpired",
     "RetryPolicy",
     "Run",
     "Serializer",

@@ -16,9 +16,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, Optional, Union
 
-from .errors import FingerprintMismatch, IdempotencyError, InProgress, KeyNotFound, LeaseNotCurrent
+from .errors import (
+    FingerprintMismatch,
+    IdempotencyError,
+    InProgress,
+    KeyNotFound,
+    LeaseNotCurrent,
+    ResultExpired,
+)
 from .serializers import JSON, Serializer
-from .types import ClaimResult, DurationLike, seconds_of
+from .types import ClaimResult, DurationLike, LateRetryLike, late_retry_value, seconds_of
 
 log = logging.getLogger("idempotency_client")
 
@@ -67,10 +74,13 @@ class Settings:
     #: False disables it; None paces it at a third of the lease.
     heartbeat: bool = True
     heartbeat_interval: Optional[DurationLike] = None
+    #: What a Claim of a remembered key does; None: the namespace's or the server's policy.
+    late_retry: LateRetryLike = None
 
     def __post_init__(self):
         if self.on_in_progress not in ON_IN_PROGRESS:
             raise ValueError('on_in_progress must be "wait", "poll" or "raise"')
+        late_retry_value(self.late_retry)  # ValueError now, not at the first Claim
 
     def bound(self, args: tuple, kwargs: dict) -> "Settings":
         """The settings for one call of a decorated function: key and fingerprint
@@ -108,6 +118,15 @@ def in_progress_error(claim: ClaimResult, settings: Settings, waited: bool) -> I
 def fingerprint_error(settings: Settings) -> FingerprintMismatch:
     return FingerprintMismatch(
         f"{settings.namespace}/{settings.key}: the key was seen with another payload fingerprint"
+    )
+
+
+def expired_error(claim: ClaimResult, settings: Settings) -> ResultExpired:
+    return ResultExpired(
+        f"{settings.namespace}/{settings.key}: completed at {claim.completed_at} and its result has"
+        " expired (a late retry, refused): the effect happened, there is nothing to replay",
+        completed_at=claim.completed_at,
+        fencing_token=claim.fencing_token,
     )
 
 

@@ -43,10 +43,14 @@ def _checkpoint_bytes(checkpoint: Any) -> Optional[bytes]:
     raise TypeError(f"checkpoint must be bytes, got {type(checkpoint).__name__}")
 
 
-def claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token=None, wait=None) -> pb.ClaimRequest:
+def claim_request(
+    namespace, key, fingerprint, lease_ttl, retention, lease_token=None, wait=None, late_retry=None
+) -> pb.ClaimRequest:
     """A Claim with its own lease token (a new one unless given), so that the
     same request, sent again after a lost answer, gets the same lease back;
-    `wait` (seconds, or None) is how long it may wait for another holder."""
+    `wait` (seconds, or None) is how long it may wait for another holder;
+    `late_retry` what to do when the key is remembered (None: unset, the
+    namespace's or the server's policy)."""
     if lease_token is None:
         lease_token = new_lease_token()
     elif not isinstance(lease_token, str):
@@ -59,6 +63,7 @@ def claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token
         retention=types.to_duration(retention, "retention"),
         lease_token=lease_token,
         wait=types.to_duration(wait, "wait"),
+        late_retry=types.late_retry_value(late_retry),
     )
 
 
@@ -113,11 +118,19 @@ def claim_batch_request(items: Iterable[Union[ClaimItem, Mapping[str, Any]]]) ->
         try:
             request.items.append(
                 claim_request(
-                    item.namespace, item.key, item.fingerprint, item.lease_ttl, item.retention, item.lease_token
+                    item.namespace,
+                    item.key,
+                    item.fingerprint,
+                    item.lease_ttl,
+                    item.retention,
+                    item.lease_token,
+                    late_retry=item.late_retry,
                 )
             )
         except TypeError as error:
             raise TypeError(f"items[{index}].{error}") from None
+        except ValueError as error:
+            raise ValueError(f"items[{index}].{error}") from None
     return request
 
 

@@ -69,6 +69,13 @@ class Run:
         return self.claim.fencing_token
 
     @property
+    def completed_before(self):
+        """A late retry that runs the work again (the key completed before,
+        its result expired, the server remembered it and re-executes): when
+        it completed (a datetime). None otherwise, and for a replay."""
+        return self.claim.completed_at if self.claim.reexecuted else None
+
+    @property
     def checkpoint(self) -> Optional[bytes]:
         """The last checkpoint: the one an earlier holder of the key saved
         (received with the Claim), or the last this run saved; None when

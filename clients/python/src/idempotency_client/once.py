@@ -11,6 +11,13 @@ Claim, then by outcome:
                        Complete and raise LeaseLost.
   COMPLETED            replay: the stored result, deserialised; the work does not run.
   FINGERPRINT_MISMATCH raise FingerprintMismatch.
+  EXPIRED              (only with late_retry="refuse", the once()'s or the
+                       namespace's) the key completed before and its result
+                       expired: raise ResultExpired (completed_at,
+                       fencing_token); the work does not run. With
+                       "reexecute" (the server's default) such a late retry
+                       is CLAIMED instead, and run.completed_before says
+                       when the key completed before.
   IN_PROGRESS          another holder has the key. on_in_progress="wait"
                        (the default): the Claim itself waits on the server
                        (ClaimRequest.wait, up to wait_timeout, within each

@@ -10,7 +10,11 @@ with full jitter from a capped exponential,
 
 for the n-th retry, as long as attempts are left (`max_attempts` counts the
 first one) and the call's overall deadline (its `timeout`) leaves time for
-another attempt. Each attempt gets the time left, or `per_attempt_timeout`
+another attempt. When the failed attempt's status carries a RetryInfo (the
+server's `retry_delay`: 250 ms for STORE_UNAVAILABLE, until the next call is
+allowed for RATE_LIMITED, 50 ms for OVERLOADED), the pause is at least that
+long; when the deadline leaves no room for it, the call fails at once with
+that error instead of retrying too soon. Each attempt gets the time left, or `per_attempt_timeout`
 when that is shorter, so an attempt that hangs (DEADLINE_EXCEEDED) leaves time
 for the next. A Claim that asks the server to wait for another holder is the
 exception: its attempts get at least the wait (and a little more for the
@@ -34,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import FrozenSet, Optional, Union
 
 import grpc
+
+from .errors import NO_DETAILS, ErrorDetails, details_of
 
 #: What is retried by default: the server or its store is unreachable or
 #: restarting (UNAVAILABLE), over a rate limit or the server's limit of calls
@@ -138,6 +144,8 @@ class Attempts:
         self.at_least = at_least
         #: Attempts made so far.
         self.made = 0
+        #: The google.rpc details of the last failed attempt.
+        self.last_details: ErrorDetails = NO_DETAILS
 
     def timeout(self) -> Optional[float]:
         """The deadline of the next attempt, in seconds from now."""
@@ -152,8 +160,10 @@ class Attempts:
     def pause_after(self, error: grpc.RpcError, method: str, target: str) -> Optional[float]:
         """After a failed attempt: the pause before the next one, or None when
         the failure is final (not retryable, no attempt left, or no time left).
-        A retry is logged at DEBUG on the "idempotency_client" logger."""
-        pause = self._pause_after(error.code())
+        A retry is logged at DEBUG on the "idempotency_client" logger.
+        The pause is never shorter than the status's RetryInfo delay."""
+        self.last_details = details = details_of(error)
+        pause = self._pause_after(error.code(), details.retry_delay)
         if pause is not None and log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "idempotency: %s attempt %d on %s failed (%s: %s); retrying in %.3f s",
@@ -166,17 +176,21 @@ class Attempts:
             )
         return pause
 
-    def _pause_after(self, code: Optional[grpc.StatusCode]) -> Optional[float]:
+    def _pause_after(self, code: Optional[grpc.StatusCode], retry_delay=None) -> Optional[float]:
         self.made += 1
         policy = self.policy
         if policy is None or not policy.retryable(code) or self.made >= policy.max_attempts:
             return None
         pause = policy.backoff(self.made)
+        # The server's RetryInfo: no sooner than it says the call can succeed.
+        at_least = retry_delay.total_seconds() if retry_delay is not None else 0.0
+        pause = max(pause, at_least)
         if self.deadline is not None:
             # A pause that would leave too little time is cut short, so the
-            # last attempt still happens before the deadline.
+            # last attempt still happens before the deadline; but not below
+            # the server's delay: then the call fails now.
             room = self.deadline - time.monotonic() - MIN_ATTEMPT_SECONDS
-            if room <= 0:
+            if room <= 0 or at_least > room:
                 return None
             pause = min(pause, room)
         return pause

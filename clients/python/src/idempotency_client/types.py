@@ -33,6 +33,46 @@ class Outcome(enum.IntEnum):
     COMPLETED = pb.OUTCOME_COMPLETED
     #: The key was seen with another payload fingerprint; nothing changed.
     FINGERPRINT_MISMATCH = pb.OUTCOME_FINGERPRINT_MISMATCH
+    #: Only for a Claim whose late-retry policy is refuse: the key was
+    #: completed (completed_at), its result expired, and the server still
+    #: remembers it. The effect happened; the result is gone. Nothing changed.
+    EXPIRED = pb.OUTCOME_EXPIRED
+
+
+class LateRetry(enum.IntEnum):
+    """What a Claim of a remembered key does (proto enum idempotency.v1.LateRetry).
+
+    A key is remembered once its completed result's retention is over, until
+    its horizon (the server's IDEMPOTENCY_REMEMBER_FOR after its Complete,
+    7 days unless configured, or the namespace's `remember_for`)."""
+
+    #: The namespace's policy (the policy file's `late_retry`), else the
+    #: server's (IDEMPOTENCY_LATE_RETRY: reexecute unless configured).
+    UNSPECIFIED = pb.LATE_RETRY_UNSPECIFIED
+    #: Claim the key anew with the next fencing token: Outcome.CLAIMED with
+    #: completed_at set (ClaimResult.reexecuted).
+    REEXECUTE = pb.LATE_RETRY_REEXECUTE
+    #: Answer Outcome.EXPIRED, changing nothing.
+    REFUSE = pb.LATE_RETRY_REFUSE
+
+
+#: `late_retry=` accepts a LateRetry, "reexecute" or "refuse", or None (the
+#: namespace's or the server's policy).
+LateRetryLike = Union[LateRetry, str, None]
+
+
+def late_retry_value(value: LateRetryLike) -> LateRetry:
+    """The LateRetry of a `late_retry=` argument (None is UNSPECIFIED)."""
+    if value is None:
+        return LateRetry.UNSPECIFIED
+    if isinstance(value, LateRetry):
+        return value
+    if isinstance(value, str):
+        try:
+            return {"reexecute": LateRetry.REEXECUTE, "refuse": LateRetry.REFUSE}[value.lower()]
+        except KeyError:
+            pass
+    raise ValueError(f'late_retry must be "reexecute", "refuse", a LateRetry or None, got {value!r}')
 
 
 class State(enum.IntEnum):
@@ -51,7 +91,8 @@ class ClaimResult:
     #: CLAIMED: the lease's secret (32 lowercase hex characters).
     lease_token: Optional[str]
     #: CLAIMED: one more than the key's previous Claim; hand it to downstream
-    #: writes so they can reject an older lease holder.
+    #: writes so they can reject an older lease holder. EXPIRED: the last
+    #: lease's (the one that completed the key).
     fencing_token: Optional[int]
     #: CLAIMED: when your lease runs out; IN_PROGRESS: when the other one's does.
     lease_expires_at: Optional[datetime]
@@ -75,10 +116,21 @@ class ClaimResult:
     #: server's waiter limit was reached). None when the Claim did not ask, or
     #: when the server predates waiting and ignored the request.
     waited: Optional[timedelta] = None
+    #: When the key was completed before: set on EXPIRED, and on CLAIMED when
+    #: this Claim took over a remembered key (a late retry, re-executed: the
+    #: effect ran once already and its result is gone; `reexecuted` is True).
+    completed_at: Optional[datetime] = None
 
     @property
     def claimed(self) -> bool:
         return self.outcome is Outcome.CLAIMED
+
+    @property
+    def reexecuted(self) -> bool:
+        """CLAIMED over a remembered key: a late retry of a key that completed
+        before (at completed_at), whose result expired. The work runs again;
+        the fencing token continues from the earlier leases'."""
+        return self.outcome is Outcome.CLAIMED and self.completed_at is not None
 
 
 @dataclass(frozen=True)
@@ -103,6 +155,9 @@ class ClaimItem:
     retention: Optional[DurationLike] = None
     #: The item's own lease token; None: a new random one (what you want).
     lease_token: Optional[str] = None
+    #: What to do when the key is remembered (see LateRetry); None: the
+    #: namespace's or the server's policy.
+    late_retry: LateRetryLike = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +201,10 @@ class PurgeResult:
 
 @dataclass(frozen=True)
 class Record:
-    """A key's record as Get reports it; ABSENT leaves every other field None."""
+    """A key's record as Get reports it; ABSENT leaves every other field None,
+    unless the key is remembered (`remembered`: remembered_until is set):
+    then fencing_token, fingerprint, expires_at (when its result expired),
+    created_at and completed_at describe it."""
 
     state: State
     fencing_token: Optional[int]
@@ -162,6 +220,18 @@ class Record:
     checkpoint: Optional[bytes] = None
     #: The fencing token of the lease that saved `checkpoint`; None with it.
     checkpoint_fencing_token: Optional[int] = None
+    #: COMPLETED, and a remembered key: when it was completed.
+    completed_at: Optional[datetime] = None
+    #: COMPLETED: until when the key will be remembered once its result
+    #: expires (None when the server remembers nothing past the retention);
+    #: ABSENT: set only for a remembered key.
+    remembered_until: Optional[datetime] = None
+
+    @property
+    def remembered(self) -> bool:
+        """ABSENT, but remembered: completed, its result expired; a Claim
+        before remembered_until follows its late-retry policy."""
+        return self.state is State.ABSENT and self.remembered_until is not None
 
 
 def to_duration(value: Optional[DurationLike], field: str) -> Optional[duration_pb2.Duration]:
@@ -198,7 +268,7 @@ def claim_result(message: pb.ClaimResponse) -> ClaimResult:
     return ClaimResult(
         outcome=outcome,
         lease_token=message.lease_token if claimed else None,
-        fencing_token=message.fencing_token if claimed else None,
+        fencing_token=message.fencing_token if claimed or outcome is Outcome.EXPIRED else None,
         lease_expires_at=_time(message, "lease_expires_at"),
         response=bytes(message.response) if outcome is Outcome.COMPLETED else None,
         expires_at=_time(message, "expires_at"),
@@ -209,6 +279,7 @@ def claim_result(message: pb.ClaimResponse) -> ClaimResult:
         checkpoint_fencing_token=(message.checkpoint_fencing_token or None) if claimed else None,
         retried=bool(message.retried) if claimed else False,
         waited=message.waited.ToTimedelta() if message.HasField("waited") else None,
+        completed_at=_time(message, "completed_at"),
     )
 
 
@@ -230,7 +301,7 @@ def complete_item_results(message: pb.CompleteBatchResponse) -> List[CompleteIte
         if item.code == 0
         else CompleteItemResult(
             expires_at=None,
-            error=from_item_status(item.code, item.message, "CompleteBatch", index),
+            error=from_item_status(item.code, item.message, "CompleteBatch", index, item.reason),
         )
         for index, item in enumerate(message.items)
     ]
@@ -249,7 +320,20 @@ def extend_lease_result(message: pb.ExtendLeaseResponse) -> ExtendLeaseResult:
 def record(message: pb.GetResponse) -> Record:
     state = State(message.state)
     if state is State.ABSENT:
-        return Record(state, None, None, None, None, None, None, None)
+        if not message.HasField("remembered_until"):
+            return Record(state, None, None, None, None, None, None, None)
+        return Record(
+            state=state,
+            fencing_token=message.fencing_token,
+            fingerprint=bytes(message.fingerprint),
+            response=None,
+            lease_expires_at=None,
+            expires_at=_time(message, "expires_at"),
+            created_at=_time(message, "created_at"),
+            updated_at=_time(message, "updated_at"),
+            completed_at=_time(message, "completed_at"),
+            remembered_until=_time(message, "remembered_until"),
+        )
     return Record(
         state=state,
         fencing_token=message.fencing_token,
@@ -261,4 +345,6 @@ def record(message: pb.GetResponse) -> Record:
         updated_at=_time(message, "updated_at"),
         checkpoint=_checkpoint(message),
         checkpoint_fencing_token=message.checkpoint_fencing_token or None,
+        completed_at=_time(message, "completed_at"),
+        remembered_until=_time(message, "remembered_until"),
     )

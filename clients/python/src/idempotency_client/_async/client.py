@@ -57,6 +57,7 @@ from ..types import (
     CompleteResult,
     DurationLike,
     ExtendLeaseResult,
+    LateRetryLike,
     PurgeResult,
     Record,
     seconds_of,
@@ -176,7 +177,7 @@ class AsyncIdempotencyClient:
             except grpc.RpcError as error:  # grpc.aio.AioRpcError is one too
                 pause = attempts.pause_after(error, name, endpoint.target)
                 if pause is None:
-                    raise from_rpc_error(error, name, attempts.made) from error
+                    raise from_rpc_error(error, name, attempts.made, attempts.last_details) from error
             await async_sleep(pause)
 
     async def claim(
@@ -189,6 +190,7 @@ class AsyncIdempotencyClient:
         retention: Optional[DurationLike] = None,
         lease_token: Optional[str] = None,
         wait: Optional[DurationLike] = None,
+        late_retry: LateRetryLike = None,
         timeout: Optional[float] = None,
     ) -> ClaimResult:
         """Try to take the lease on a key. Losing a race is Outcome.IN_PROGRESS, not an error.
@@ -206,7 +208,14 @@ class AsyncIdempotencyClient:
         timeout (with time left for the answer), and the retry policy's
         per_attempt_timeout does not cut it short. `waited` on the result
         says how long the server waited; it is None when the server predates
-        waiting (it ignored the request and answered at once)."""
+        waiting (it ignored the request and answered at once).
+
+        `late_retry` ("reexecute", "refuse", a LateRetry; None: the
+        namespace's or the server's policy) says what to do when the key is
+        remembered (completed, its result expired): "reexecute" claims it
+        anew, CLAIMED with `completed_at` set (`reexecuted` is True) and the
+        next fencing token; "refuse" answers Outcome.EXPIRED with
+        `completed_at` and the last lease's `fencing_token`."""
         call_timeout = self.timeout if timeout is None else timeout
         wait_seconds = seconds_of(wait)
         at_least = None
@@ -215,7 +224,9 @@ class AsyncIdempotencyClient:
             at_least = wait_seconds + WAIT_HEADROOM_SECONDS
         elif wait_seconds == 0:
             wait_seconds = None  # zero is no waiting: the field stays unset
-        request = claim_request(namespace, key, fingerprint, lease_ttl, retention, lease_token, wait_seconds)
+        request = claim_request(
+            namespace, key, fingerprint, lease_ttl, retention, lease_token, wait_seconds, late_retry
+        )
         result = types.claim_result(await self._call("Claim", request, call_timeout, at_least))
         if at_least is not None:
             self.wait_support.saw(result.waited)
@@ -326,6 +337,7 @@ class AsyncIdempotencyClient:
         serializer: Serializer = JSON,
         heartbeat: bool = True,
         heartbeat_interval: Optional[DurationLike] = None,
+        late_retry: LateRetryLike = None,
     ) -> "AsyncOnce":
         """Run work once per key: a context manager, or a decorator.
 
@@ -351,6 +363,12 @@ class AsyncIdempotencyClient:
         Resumable work: `run.checkpoint` is what an earlier holder saved (or
         None), `run.save_checkpoint(data)` saves progress; a work function
         with a keyword-only parameter `run` receives the Run.
+        A late retry (the key completed before, its result expired, the
+        server still remembers it) follows `late_retry`: "reexecute" runs the
+        work again, and `run.completed_before` says when the key completed
+        before; "refuse" raises ResultExpired (with completed_at and
+        fencing_token) without running it. None: the namespace's or the
+        server's policy (reexecute unless configured).
         """
         return AsyncOnce(
             self,
@@ -365,5 +383,6 @@ class AsyncIdempotencyClient:
                 serializer=serializer,
                 heartbeat=heartbeat,
                 heartbeat_interval=heartbeat_interval,
+                late_retry=late_retry,
             ),
         )

@@ -22,6 +22,7 @@ from .._lifecycle import (
     ServerWaits,
     Settings,
     add_note,
+    expired_error,
     fingerprint_error,
     heartbeat_timeout,
     in_progress_error,
@@ -32,7 +33,15 @@ from .._lifecycle import (
 )
 from .._run import AsyncRun
 from ..errors import IdempotencyError, LeaseLost
-from ..types import ClaimResult, CompleteResult, DurationLike, ExtendLeaseResult, Outcome, seconds_of
+from ..types import (
+    ClaimResult,
+    CompleteResult,
+    DurationLike,
+    ExtendLeaseResult,
+    LateRetryLike,
+    Outcome,
+    seconds_of,
+)
 
 
 class AsyncLeaseCalls(Protocol):
@@ -50,6 +59,7 @@ class AsyncLeaseCalls(Protocol):
         lease_ttl: Optional[DurationLike] = None,
         retention: Optional[DurationLike] = None,
         wait: Optional[DurationLike] = None,
+        late_retry: LateRetryLike = None,
     ) -> ClaimResult: ...
 
     async def complete(
@@ -118,6 +128,7 @@ class AsyncOnce:
                 lease_ttl=settings.lease_ttl,
                 retention=settings.retention,
                 wait=self._wait(deadline),
+                late_retry=settings.late_retry,
             )
             if claim.outcome is Outcome.CLAIMED:
                 self._run = run = AsyncRun(claim, replayed=False)
@@ -129,6 +140,8 @@ class AsyncOnce:
                 return self._run
             if claim.outcome is Outcome.FINGERPRINT_MISMATCH:
                 raise fingerprint_error(settings)
+            if claim.outcome is Outcome.EXPIRED:
+                raise expired_error(claim, settings)
             if claim.outcome is not Outcome.IN_PROGRESS:
                 raise unexpected_outcome(claim)
             if settings.on_in_progress == "raise":

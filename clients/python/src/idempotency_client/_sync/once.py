@@ -24,6 +24,7 @@ from .._lifecycle import (
     ServerWaits,
     Settings,
     add_note,
+    expired_error,
     fingerprint_error,
     heartbeat_timeout,
     in_progress_error,
@@ -34,7 +35,15 @@ from .._lifecycle import (
 )
 from .._run import Run
 from ..errors import IdempotencyError, LeaseLost
-from ..types import ClaimResult, CompleteResult, DurationLike, ExtendLeaseResult, Outcome, seconds_of
+from ..types import (
+    ClaimResult,
+    CompleteResult,
+    DurationLike,
+    ExtendLeaseResult,
+    LateRetryLike,
+    Outcome,
+    seconds_of,
+)
 
 
 class LeaseCalls(Protocol):
@@ -52,6 +61,7 @@ class LeaseCalls(Protocol):
         lease_ttl: Optional[DurationLike] = None,
         retention: Optional[DurationLike] = None,
         wait: Optional[DurationLike] = None,
+        late_retry: LateRetryLike = None,
     ) -> ClaimResult: ...
 
     def complete(
@@ -120,6 +130,7 @@ class Once:
                 lease_ttl=settings.lease_ttl,
                 retention=settings.retention,
                 wait=self._wait(deadline),
+                late_retry=settings.late_retry,
             )
             if claim.outcome is Outcome.CLAIMED:
                 self._run = run = Run(claim, replayed=False)
@@ -131,6 +142,8 @@ class Once:
                 return self._run
             if claim.outcome is Outcome.FINGERPRINT_MISMATCH:
                 raise fingerprint_error(settings)
+            if claim.outcome is Outcome.EXPIRED:
+                raise expired_error(claim, settings)
             if claim.outcome is not Outcome.IN_PROGRESS:
                 raise unexpected_outcome(claim)
             if settings.on_in_progress == "raise":
