@@ -4,7 +4,7 @@
 // the calls once() makes, live here so that once.ts depends on this module and
 // not on client.ts: client.ts uses once.ts (client.once() runs runOnce), and
 // the dependency goes that one way.
-import type { ClaimResult, CompleteResult, ExtendLeaseResult } from "./types";
+import type { ClaimResult, CompleteResult, ExtendLeaseResult, LateRetry } from "./types";
 import type { ServerWaits } from "./waiting";
 
 /**
@@ -66,6 +66,13 @@ export interface ClaimOptions extends CallOptions {
    * waiting (it ignored the request). Omitted or 0: no waiting.
    */
   waitMs?: number;
+  /**
+   * What to do when the key is remembered (completed, its result expired):
+   * "reexecute" claims it anew (CLAIMED with `completedAt` set, the next
+   * fencing token), "refuse" answers EXPIRED. Omitted: the namespace's policy,
+   * else the server's (reexecute unless configured).
+   */
+  lateRetry?: LateRetry;
 }
 
 export interface ReleaseOptions extends CallOptions {

@@ -18,11 +18,13 @@ import type {
   RetryOptions,
 } from "./calls";
 import { fromServiceError } from "./errors";
+import { detailsOf } from "./details";
 import { runOnce, type OnceOptions, type OnceResult, type Lease } from "./once";
 import { MIN_WAIT_MS, ServerWaits, WAIT_HEADROOM_MS, waitWithin } from "./waiting";
 import {
   claimResult,
   completeItemResult,
+  lateRetryValue,
   keyRecord,
   purgeResult,
   toDate,
@@ -307,9 +309,11 @@ export class IdempotencyClient implements LeaseCalls {
         return await this.attempt<Res>(name, request, attemptDeadline);
       } catch (error) {
         const failure = error as grpc.ServiceError;
-        if (!RETRYABLE_CODES.has(failure.code) || attempt >= policy.maxAttempts) throw fromServiceError(failure, name, attempt);
-        const pause = backoffMs(attempt, policy);
-        if (Date.now() + pause + MIN_ATTEMPT_MS > deadline) throw fromServiceError(failure, name, attempt);
+        const details = detailsOf(failure.metadata);
+        if (!RETRYABLE_CODES.has(failure.code) || attempt >= policy.maxAttempts) throw fromServiceError(failure, name, attempt, details);
+        // The server's RetryInfo is the least pause: a retry sooner cannot succeed.
+        const pause = Math.max(backoffMs(attempt, policy), details.retryDelayMs ?? 0);
+        if (Date.now() + pause + MIN_ATTEMPT_MS > deadline) throw fromServiceError(failure, name, attempt, details);
         await sleep(pause);
       }
     }
@@ -324,6 +328,12 @@ export class IdempotencyClient implements LeaseCalls {
    * With options.waitMs, a Claim that meets another holder waits for it on
    * the server (see ClaimOptions.waitMs); `waitedMs` on the result says how
    * long, or is null when the server predates waiting.
+   *
+   * A late retry (the key completed before, its result expired, the server
+   * still remembers it) follows options.lateRetry (else the namespace's or the
+   * server's policy): "reexecute" is CLAIMED with `completedAt` set and the
+   * next fencing token; "refuse" is outcome EXPIRED with `completedAt` and the
+   * last lease's `fencingToken`.
    */
   async claim(namespace: string, key: string, options: ClaimOptions = {}): Promise<ClaimResult> {
     const timeoutMs = options.timeoutMs ?? this.timeoutMs;
@@ -499,6 +509,7 @@ function claimRequest(item: ClaimItem) {
     leaseTtl: toDuration(item.leaseTtlMs, "leaseTtlMs"),
     retention: toDuration(item.retentionMs, "retentionMs"),
     leaseToken,
+    lateRetry: lateRetryValue(item.lateRetry),
   };
 }
 

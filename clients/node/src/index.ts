@@ -9,7 +9,9 @@
 //               fallback to polling against a server that predates waiting
 //   keys.ts     deriveKey() and fingerprint(): canonical forms in clients/KEYS.md
 //   types.ts    Outcome, State and the typed results of the RPCs
-//   errors.ts   one error class per status a caller can act on
+//   errors.ts   one error class per status a caller can act on, with the
+//               status's google.rpc details (reason, retryDelayMs, field)
+//   details.ts  decoding those details (grpc-status-details-bin) with protobufjs
 //   testing.ts  start a real server for tests
 //   generated/  types generated from proto/ by scripts/generate.mjs (not committed)
 export {
@@ -37,13 +39,16 @@ export { ServerWaits, WAIT_HEADROOM_MS, WAIT_RECHECK_MS } from "./waiting";
 export type { Lease, OnceOptions, OnceResult, Serializer } from "./once";
 export { deriveKey, keyEncoding, fingerprint, canonicalJson } from "./keys";
 export type { KeyField } from "./keys";
-export { Outcome, State } from "./types";
+export { Outcome, State, LateRetry } from "./types";
+export { DOMAIN, NO_DETAILS, detailsOf } from "./details";
+export type { ErrorDetails } from "./details";
 export type {
   ClaimResult,
   Claimed,
   InProgressClaim,
   CompletedClaim,
   FingerprintMismatchClaim,
+  ExpiredClaim,
   ClaimWaited,
   CompleteResult,
   ExtendLeaseResult,
@@ -57,6 +62,7 @@ export {
   IdempotencyError,
   InvalidArgument,
   KeyNotFound,
+  KeyExpired,
   LeaseNotCurrent,
   Unavailable,
   Unauthenticated,
@@ -65,4 +71,6 @@ export {
   FingerprintMismatch,
   InProgress,
   LeaseLost,
+  ResultExpired,
 } from "./errors";
+export type { ErrorOptions } from "./errors";

@@ -11,6 +11,13 @@
 //                        own with lease.saveCheckpoint(data).
 //   COMPLETED            the replay: the stored result, deserialised; the work does not run.
 //   FINGERPRINT_MISMATCH throw FingerprintMismatch.
+//   EXPIRED              (only with lateRetry "refuse", the once()'s or the
+//                        namespace's) the key completed before and its result
+//                        expired: throw ResultExpired (completedAt,
+//                        fencingToken); the work does not run. With
+//                        "reexecute" (the server's default) such a late retry
+//                        is CLAIMED instead: the work runs, and
+//                        lease.completedBefore says when the key completed.
 //   IN_PROGRESS          another holder has the key. onInProgress "wait" (the
 //                        default): the Claim itself waits on the server
 //                        (ClaimRequest.wait, up to waitTimeoutMs in all, each
@@ -31,8 +38,9 @@ import {
   KeyNotFound,
   LeaseLost,
   LeaseNotCurrent,
+  ResultExpired,
 } from "./errors";
-import type { ClaimResult, Claimed, InProgressClaim } from "./types";
+import { lateRetryValue, type ClaimResult, type Claimed, type InProgressClaim, type LateRetry } from "./types";
 import { FIRST_POLL_MS, MIN_WAIT_MS, serverWaited } from "./waiting";
 
 /** How once() turns the work's result into Complete's response bytes and back. */
@@ -77,6 +85,13 @@ export interface OnceOptions<T> {
   heartbeat?: boolean;
   /** Default: a third of leaseTtlMs (of 30 s when that is omitted). */
   heartbeatIntervalMs?: number;
+  /**
+   * A late retry (the key completed before, its result expired, the server
+   * still remembers it): "reexecute" runs the work again (lease.completedBefore
+   * says when the key completed), "refuse" throws ResultExpired. Omitted: the
+   * namespace's policy, else the server's (reexecute unless configured).
+   */
+  lateRetry?: LateRetry;
 }
 
 /** What the work receives when this attempt holds the lease. */
@@ -85,6 +100,11 @@ export interface Lease {
   /** Hand it to downstream writes so they can reject an older lease holder. */
   fencingToken: bigint;
   leaseExpiresAt: Date;
+  /**
+   * A late retry run again (the key completed before, its result expired, the
+   * server remembered it and re-executes): when the key completed. null otherwise.
+   */
+  completedBefore: Date | null;
   /** Aborted (with a LeaseLost reason) when the heartbeat finds the lease gone: stop the work early. */
   signal: AbortSignal;
   /**
@@ -147,6 +167,7 @@ export async function runOnce<T>(
 ): Promise<OnceResult<T>> {
   const serializer = options.serializer ?? (JSON_SERIALIZER as Serializer<T>);
   const onInProgress = options.onInProgress ?? "wait";
+  lateRetryValue(options.lateRetry); // a TypeError now, not after the first Claim
   if (onInProgress !== "wait" && onInProgress !== "poll" && onInProgress !== "throw") {
     throw new TypeError('once(): onInProgress must be "wait", "poll" or "throw"');
   }
@@ -167,6 +188,7 @@ export async function runOnce<T>(
       leaseTtlMs: options.leaseTtlMs,
       retentionMs: options.retentionMs,
       waitMs: waitFor(),
+      lateRetry: options.lateRetry,
     });
     switch (claim.outcome) {
       case "CLAIMED":
@@ -175,6 +197,13 @@ export async function runOnce<T>(
         return { value: serializer.deserialize(claim.response), replayed: true, claim };
       case "FINGERPRINT_MISMATCH":
         throw new FingerprintMismatch(`${where}: the key was seen with another payload fingerprint`);
+      case "EXPIRED":
+        throw new ResultExpired(
+          `${where}: completed at ${claim.completedAt.toISOString()} and its result has expired` +
+            " (a late retry, refused): the effect happened, there is nothing to replay",
+          claim.completedAt,
+          claim.fencingToken,
+        );
       case "IN_PROGRESS": {
         const remaining = deadline - Date.now();
         if (onInProgress === "throw" || remaining <= 0) {
@@ -240,6 +269,7 @@ async function runClaimed<T>(
     leaseToken: claim.leaseToken,
     fencingToken: claim.fencingToken,
     leaseExpiresAt: claim.leaseExpiresAt,
+    completedBefore: claim.completedAt,
     signal: heartbeat.signal,
     checkpoint: claim.checkpoint,
     checkpointFencingToken: claim.checkpointFencingToken,

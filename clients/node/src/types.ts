@@ -6,6 +6,7 @@ import type { GetResponse__Output } from "./generated/idempotency/v1/GetResponse
 import type { Duration } from "./generated/google/protobuf/Duration";
 import type { Timestamp__Output } from "./generated/google/protobuf/Timestamp";
 import type { Duration__Output } from "./generated/google/protobuf/Duration";
+import type { LateRetry as WireLateRetry } from "./generated/idempotency/v1/LateRetry";
 import { IdempotencyError, fromItemStatus } from "./errors";
 
 /** What a Claim found (proto enum idempotency.v1.Outcome, without its prefix). */
@@ -18,8 +19,42 @@ export const Outcome = {
   COMPLETED: "COMPLETED",
   /** The key was seen with another payload fingerprint; nothing changed. */
   FINGERPRINT_MISMATCH: "FINGERPRINT_MISMATCH",
+  /**
+   * Only for a Claim whose late-retry policy is "refuse": the key was completed
+   * (completedAt), its result expired, and the server still remembers it. The
+   * effect happened; the result is gone. Nothing changed.
+   */
+  EXPIRED: "EXPIRED",
 } as const;
 export type Outcome = (typeof Outcome)[keyof typeof Outcome];
+
+/**
+ * What a Claim of a remembered key does (proto enum idempotency.v1.LateRetry):
+ * a key is remembered once its completed result's retention is over, until its
+ * horizon (IDEMPOTENCY_REMEMBER_FOR after its Complete, 7 days unless
+ * configured, or the namespace's `remember_for`).
+ */
+export const LateRetry = {
+  /** Claim the key anew with the next fencing token: CLAIMED with completedAt set. */
+  REEXECUTE: "reexecute",
+  /** Answer EXPIRED, changing nothing. */
+  REFUSE: "refuse",
+} as const;
+export type LateRetry = (typeof LateRetry)[keyof typeof LateRetry];
+
+/** The wire value of a lateRetry option (undefined: unset, the namespace's or the server's policy). */
+export function lateRetryValue(value: LateRetry | undefined): WireLateRetry {
+  switch (value) {
+    case undefined:
+      return "LATE_RETRY_UNSPECIFIED";
+    case "reexecute":
+      return "LATE_RETRY_REEXECUTE";
+    case "refuse":
+      return "LATE_RETRY_REFUSE";
+    default:
+      throw new TypeError(`lateRetry must be "reexecute" or "refuse", got ${String(value)}`);
+  }
+}
 
 /** The state of a key's record as get() reports it (proto enum idempotency.v1.State). */
 export const State = {
@@ -52,6 +87,12 @@ export interface Claimed {
   retried: boolean;
   /** See ClaimWaited. */
   waitedMs: number | null;
+  /**
+   * Set when this Claim took over a remembered key (a late retry, re-executed):
+   * when the key was completed before. The effect ran once already and its
+   * result is gone; fencingToken continues from the earlier leases'. null otherwise.
+   */
+  completedAt: Date | null;
 }
 
 /** Another claimant holds a live lease. */
@@ -84,6 +125,19 @@ export interface FingerprintMismatchClaim {
   waitedMs: number | null;
 }
 
+/** A late retry refused (lateRetry "refuse"): the key completed before and its result expired. */
+export interface ExpiredClaim {
+  outcome: "EXPIRED";
+  /** When the key was completed. */
+  completedAt: Date;
+  /** The last lease's fencing token (the one that completed the key). */
+  fencingToken: bigint;
+  /** When the stored result expired. */
+  expiresAt: Date | null;
+  /** See ClaimWaited. */
+  waitedMs: number | null;
+}
+
 /**
  * `waitedMs`, on every ClaimResult: for a Claim that asked to wait
  * (claim(ns, key, { waitMs })), how long the server made it wait for another
@@ -94,7 +148,7 @@ export interface FingerprintMismatchClaim {
 export type ClaimWaited = ClaimResult["waitedMs"];
 
 /** What claim() returns: switch on `outcome` and TypeScript knows which fields are there. */
-export type ClaimResult = Claimed | InProgressClaim | CompletedClaim | FingerprintMismatchClaim;
+export type ClaimResult = Claimed | InProgressClaim | CompletedClaim | FingerprintMismatchClaim | ExpiredClaim;
 
 export interface CompleteResult {
   /** Until then every Claim of the key replays the stored response. */
@@ -110,6 +164,8 @@ export interface ClaimItem {
   fingerprint?: Uint8Array;
   leaseTtlMs?: number;
   retentionMs?: number;
+  /** See ClaimOptions.lateRetry. */
+  lateRetry?: LateRetry;
 }
 
 /** One Complete of a completeBatch(): the arguments complete() takes. */
@@ -139,7 +195,12 @@ export interface ExtendLeaseResult {
   leaseExpiresAt: Date;
 }
 
-/** A key's record as get() reports it; ABSENT leaves every other field null. */
+/**
+ * A key's record as get() reports it; ABSENT leaves every other field null,
+ * unless the key is remembered (rememberedUntil is set): then fencingToken,
+ * fingerprint, expiresAt (when its result expired), createdAt and completedAt
+ * describe it.
+ */
 export interface KeyRecord {
   state: State;
   fencingToken: bigint | null;
@@ -155,6 +216,14 @@ export interface KeyRecord {
   checkpoint: Buffer | null;
   /** The fencing token of the lease that saved the checkpoint; null when there is none. */
   checkpointFencingToken: bigint | null;
+  /** COMPLETED, and a remembered key: when it was completed. */
+  completedAt: Date | null;
+  /**
+   * COMPLETED: until when the key will be remembered once its result expires
+   * (null when the server remembers nothing past the retention). ABSENT: set
+   * only for a remembered key; a Claim before then follows its late-retry policy.
+   */
+  rememberedUntil: Date | null;
 }
 
 export function toDuration(ms: number | undefined, field: string): Duration | null {
@@ -204,6 +273,7 @@ export function claimResult(message: ClaimResponse__Output): ClaimResult {
         ...checkpointOf(message.checkpoint, message.checkpointFencingToken),
         retried: message.retried === true,
         waitedMs,
+        completedAt: toDate(message.completedAt),
       };
     case "OUTCOME_IN_PROGRESS":
       return {
@@ -217,6 +287,14 @@ export function claimResult(message: ClaimResponse__Output): ClaimResult {
       return { outcome: "COMPLETED", response: Buffer.from(message.response), expiresAt: toDate(message.expiresAt), waitedMs };
     case "OUTCOME_FINGERPRINT_MISMATCH":
       return { outcome: "FINGERPRINT_MISMATCH", waitedMs };
+    case "OUTCOME_EXPIRED":
+      return {
+        outcome: "EXPIRED",
+        completedAt: required(toDate(message.completedAt), "completed_at"),
+        fencingToken: BigInt(message.fencingToken),
+        expiresAt: toDate(message.expiresAt),
+        waitedMs,
+      };
     default:
       throw new IdempotencyError(`Claim: unexpected outcome ${message.outcome}`);
   }
@@ -226,7 +304,7 @@ export function completeItemResult(message: CompleteResult__Output, index: numbe
   if (message.code === 0) {
     return { ok: true, expiresAt: required(toDate(message.expiresAt), `items[${index}].expires_at`) };
   }
-  return { ok: false, error: fromItemStatus(message.code, message.message, "CompleteBatch", index) };
+  return { ok: false, error: fromItemStatus(message.code, message.message, "CompleteBatch", index, message.reason) };
 }
 
 export function purgeResult(message: PurgeResponse__Output): PurgeResult {
@@ -239,10 +317,27 @@ export function keyRecord(message: GetResponse__Output): KeyRecord {
   const state = message.state.replace(/^STATE_/, "") as State | "UNSPECIFIED";
   if (state === "UNSPECIFIED") throw new IdempotencyError("Get: unexpected state STATE_UNSPECIFIED");
   if (state === "ABSENT") {
+    const rememberedUntil = toDate(message.rememberedUntil);
+    if (rememberedUntil === null) {
+      return {
+        state, fencingToken: null, fingerprint: null, response: null,
+        leaseExpiresAt: null, expiresAt: null, createdAt: null, updatedAt: null,
+        checkpoint: null, checkpointFencingToken: null, completedAt: null, rememberedUntil: null,
+      };
+    }
     return {
-      state, fencingToken: null, fingerprint: null, response: null,
-      leaseExpiresAt: null, expiresAt: null, createdAt: null, updatedAt: null,
-      checkpoint: null, checkpointFencingToken: null,
+      state,
+      fencingToken: BigInt(message.fencingToken),
+      fingerprint: Buffer.from(message.fingerprint),
+      response: null,
+      leaseExpiresAt: null,
+      expiresAt: toDate(message.expiresAt),
+      createdAt: toDate(message.createdAt),
+      updatedAt: toDate(message.updatedAt),
+      checkpoint: null,
+      checkpointFencingToken: null,
+      completedAt: toDate(message.completedAt),
+      rememberedUntil,
     };
   }
   return {
@@ -257,5 +352,7 @@ export function keyRecord(message: GetResponse__Output): KeyRecord {
     ...(state === "COMPLETED"
       ? { checkpoint: null, checkpointFencingToken: null }
       : checkpointOf(message.checkpoint, message.checkpointFencingToken)),
+    completedAt: toDate(message.completedAt),
+    rememberedUntil: toDate(message.rememberedUntil),
   };
 }
