@@ -26,7 +26,10 @@ POST /v1/charges creates a charge (`{"customer": "cus_1", "amount": 1200,
   6. Claim through AsyncIdempotencyClient.once(on_in_progress="raise"):
        CLAIMED               create the charge and the marker in one
                              transaction (or find the marker: its stored
-                             response), Complete with the response.
+                             response), Complete with the response. A late
+                             retry (the stored answer expired; the service
+                             remembers the key and re-executes it, with
+                             completed_at) finds the marker: a replay.
        COMPLETED             the stored status, headers and body, with
                              `Idempotent-Replayed: true`.
        IN_PROGRESS           409 with Retry-After: the request is still being
@@ -451,12 +454,20 @@ def create_app(config: Optional[Config] = None) -> FastAPI:
             log.warning("%s %s: handler failed: %s", namespace, key_value, failure)
             return problem(500, "internal error", "the request failed; retry it with the same Idempotency-Key")
 
-        # Replayed: the service's stored answer, or, once the service forgot
-        # the key (its record expired and was reaped, its fencing token
-        # restarted), the marker's. A marker under an older token of this
-        # record is the first completion of a request that failed after its
-        # effect: not a replay.
-        replayed = run.replayed or (marker_token is not None and marker_token >= run.fencing_token)
+        # Replayed: the service's stored answer, or, once it expired, the
+        # marker's: for a late retry the service re-executed (completed_at
+        # set: the request completed before; the token goes on counting, above
+        # the marker's), or once the service forgot the key (past its horizon
+        # the record is deleted and the fencing token restarts, at or below
+        # the marker's). A marker under an older token otherwise is the first
+        # completion of a request that failed after its effect: not a replay.
+        late = None if run.replayed else run.claim.completed_at
+        if late is not None:
+            log.warning("%s %s: a late retry after the stored answer expired (completed at %s), re-executed under"
+                        " fencing token %d; %s", namespace, key_value, late.isoformat(), run.fencing_token,
+                        "answered from the marker" if marker_token is not None else "no marker: carried out again")
+        replayed = run.replayed or (
+            marker_token is not None and (late is not None or marker_token >= run.fencing_token))
         return stored_response(stored, replayed)
 
     return app

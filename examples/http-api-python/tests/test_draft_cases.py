@@ -11,7 +11,9 @@ against the API under uvicorn and the real idempotency-service:
 And what the draft leaves to the server, as this example decides it: the key
 as a Structured Field string or bare, a failure released for a retry, a
 failure after the effect completed once by the retry, a stored 4xx replayed,
-the service unreachable, and a retry after the service forgot the key.
+the service unreachable, and a late retry after the stored answer expired:
+while the service remembers the key (re-executed under the next fencing
+token) and after it forgot it (token 1 again).
 """
 
 from __future__ import annotations
@@ -234,12 +236,59 @@ def test_without_the_service_the_api_answers_503_and_changes_nothing(api_factory
     assert charges_of(api, "cus_down") == []
 
 
+def remembered(target: str, principal: str, key: str, token: int):
+    """The key's Get once the service remembers it (its stored answer
+    expired: ABSENT with remembered_until set), else None."""
+    got = record(target, principal, key)
+    if got.state is State.ABSENT and got.remembered_until is not None:
+        assert got.fencing_token == token, got
+        return got
+    return None
+
+
+def wait_remembered(target: str, principal: str, key: str, token: int, timeout: float = 20):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = remembered(target, principal, key, token)
+        if got is not None:
+            return got
+        assert time.monotonic() < deadline, "the service never remembered the key"
+        time.sleep(0.05)
+
+
+def test_a_late_retry_within_remember_for_is_re_executed_and_gets_the_stored_answer(api_factory, idempotency_server):
+    """The stored answer expired (a 1 s retention) and the service remembers
+    the key (7 days by default): a retry is re-executed under the next
+    fencing token, with completed_at; the marker answers it as a replay, on
+    the first try. Another request under the key is 422, from the marker."""
+    api = api_factory(idempotency_server.target, {"API_RETENTION_SECONDS": "1"})
+    key = new_key()
+    first = post(api, charge("cus_late_r"), key)
+    assert first.status_code == 201
+    marker = wait_remembered(idempotency_server.target, "acct_a", key, 1)
+    late = post(api, charge("cus_late_r"), key)
+    same_answer(first, late)
+    assert late.headers["Idempotent-Replayed"] == "true"
+    assert len(charges_of(api, "cus_late_r")) == 1
+    got = record(idempotency_server.target, "acct_a", key)
+    assert got.state is State.COMPLETED and got.fencing_token == 2
+    assert (f"http-api/acct_a {key}: a late retry after the stored answer expired (completed at"
+            f" {marker.completed_at.isoformat()}), re-executed under fencing token 2; answered from the marker") in api.log()
+    wait_remembered(idempotency_server.target, "acct_a", key, 2)
+    assert post(api, charge("cus_late_r", 5), key).status_code == 422
+    assert len(charges_of(api, "cus_late_r")) == 1
+    assert remembered(idempotency_server.target, "acct_a", key, 2)  # refused before any Claim
+
+
 def test_a_retry_after_the_service_forgot_the_key_gets_the_stored_answer(tmp_path, api_factory):
-    """The record expired (a 1 s retention) and the reaper deleted it: the
-    marker answers, on the first try; another request under the key is 422."""
+    """The record expired (a 1 s retention) on a server that remembers nothing
+    past it (IDEMPOTENCY_REMEMBER_FOR=0s, as any server past a key's horizon),
+    and the reaper deleted it: the fencing token restarts at 1 and the marker
+    answers, on the first try; another request under the key is 422."""
     data_dir = tmp_path / "reaping-store"
     data_dir.mkdir()
-    with ServerProcess.start(server_binary(), data_dir=data_dir, env={"IDEMPOTENCY_REAPER_INTERVAL": "200ms"}) as server:
+    env = {"IDEMPOTENCY_REAPER_INTERVAL": "200ms", "IDEMPOTENCY_REMEMBER_FOR": "0s"}
+    with ServerProcess.start(server_binary(), data_dir=data_dir, env=env) as server:
         api = api_factory(server.target, {"API_RETENTION_SECONDS": "1"})
         key = new_key()
         first = post(api, charge("cus_late"), key)
