@@ -51,10 +51,15 @@ compile_only=/usr/share/java/geronimo-annotation-1.3-spec.jar
 
 rm -rf "$out/gen" "$out/classes"
 mkdir -p "$out/gen" "$out/classes"
+# google/rpc/error_details.proto (this folder's proto/, from googleapis) too:
+# Debian's proto-google-common-protos is 1.16, whose com.google.rpc lacks
+# ErrorInfo (added in 1.18). The classes generated here (ErrorInfo,
+# RetryInfo, BadRequest, ... and ErrorDetailsProto) come first on the class
+# path and stand in for the jar's; com.google.rpc.Status stays the jar's.
 protoc -I "$repo/proto" -I "$here/proto" -I /usr/include \
   --plugin=protoc-gen-grpc-java=/usr/bin/grpc_java_plugin \
   --java_out="$out/gen" --grpc-java_out="$out/gen" \
-  idempotency/v1/idempotency.proto grpc/health/v1/health.proto
+  idempotency/v1/idempotency.proto grpc/health/v1/health.proto google/rpc/error_details.proto
 
 find "$out/gen" "$here/src/main/java" "$here/src/test/java" "$repo/clients/cross-language/java_side" \
   -name '*.java' >"$out/sources.txt"

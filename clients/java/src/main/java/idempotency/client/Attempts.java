@@ -1,6 +1,7 @@
 package idempotency.client;
 
 import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
 import java.time.Duration;
 import java.util.logging.Level;
 import java.util.logging.Logger;
@@ -49,19 +50,28 @@ final class Attempts {
 
   /**
    * After a failed attempt: the pause before the next one, or null when the
-   * failure is final (not retryable, no attempt left, or no time left). A
+   * failure is final (not retryable, no attempt left, or no time left). The
+   * pause is the policy's backoff, or the status's RetryInfo delay when that
+   * is longer (no retry when the deadline leaves no room for that delay). A
    * retry is logged at FINE on the client's logger.
    */
-  Duration pauseAfter(Status status, String rpc, String target) {
+  Duration pauseAfter(StatusRuntimeException error, String rpc, String target) {
     made++;
+    Status status = error.getStatus();
     if (!policy.retryable(status.getCode()) || made >= policy.maxAttempts()) {
       return null;
     }
     long pause = policy.backoff(made).toNanos();
+    // The server's advice (google.rpc.RetryInfo) is the least pause: it knows
+    // when the rate limit allows the next call, or the store may be back.
+    Duration retryDelay = IdempotencyException.Details.of(error).retryDelay;
+    long atLeast = retryDelay == null ? 0 : retryDelay.toNanos();
+    pause = Math.max(pause, atLeast);
     // A pause that would leave too little time is cut short, so that the
-    // last attempt still happens before the deadline.
+    // last attempt still happens before the deadline; but never below the
+    // server's delay: then the call fails now.
     long room = deadline - System.nanoTime() - MIN_ATTEMPT.toNanos();
-    if (room <= 0) {
+    if (room <= 0 || atLeast > room) {
       return null;
     }
     Duration chosen = Duration.ofNanos(Math.min(pause, room));

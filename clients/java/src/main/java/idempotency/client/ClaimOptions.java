@@ -8,7 +8,7 @@ import java.time.Duration;
  * {@code client.claim(ns, key, ClaimOptions.defaults().fingerprint(fp).waitFor(Duration.ofSeconds(5)))}.
  */
 public final class ClaimOptions {
-  private static final ClaimOptions DEFAULTS = new ClaimOptions(null, null, null, null, null, null);
+  private static final ClaimOptions DEFAULTS = new ClaimOptions(null, null, null, null, null, null, null);
 
   private final byte[] fingerprint;
   private final Duration leaseTtl;
@@ -16,15 +16,17 @@ public final class ClaimOptions {
   private final String leaseToken;
   private final Duration waitFor;
   private final Duration timeout;
+  private final LateRetry lateRetry;
 
   private ClaimOptions(byte[] fingerprint, Duration leaseTtl, Duration retention, String leaseToken, Duration waitFor,
-      Duration timeout) {
+      Duration timeout, LateRetry lateRetry) {
     this.fingerprint = fingerprint;
     this.leaseTtl = leaseTtl;
     this.retention = retention;
     this.leaseToken = leaseToken;
     this.waitFor = waitFor;
     this.timeout = timeout;
+    this.lateRetry = lateRetry;
   }
 
   /** No fingerprint, the server's lease and retention, a new lease token, no waiting, the client's timeout. */
@@ -35,17 +37,17 @@ public final class ClaimOptions {
   /** The payload's fingerprint (at most 64 bytes); null or empty: no check. */
   public ClaimOptions fingerprint(byte[] fingerprint) {
     return new ClaimOptions(fingerprint == null ? null : fingerprint.clone(), leaseTtl, retention, leaseToken,
-        waitFor, timeout);
+        waitFor, timeout, lateRetry);
   }
 
   /** The lease length if this Claim wins; null: the server's default (30 s unless configured). */
   public ClaimOptions leaseTtl(Duration leaseTtl) {
-    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout);
+    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout, lateRetry);
   }
 
   /** How long the completed result is kept; null: the server's default (24 h unless configured). */
   public ClaimOptions retention(Duration retention) {
-    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout);
+    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout, lateRetry);
   }
 
   /**
@@ -54,7 +56,7 @@ public final class ClaimOptions {
    * it only to retry one logical Claim yourself; never reuse one across Claims.
    */
   public ClaimOptions leaseToken(String leaseToken) {
-    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout);
+    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout, lateRetry);
   }
 
   /**
@@ -67,12 +69,12 @@ public final class ClaimOptions {
    * field answers at once and leaves {@link ClaimResult#waited()} null.
    */
   public ClaimOptions waitFor(Duration waitFor) {
-    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout);
+    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout, lateRetry);
   }
 
   /** The call's overall deadline, retries included (the wait comes on top); null: the client's callTimeout. */
   public ClaimOptions timeout(Duration timeout) {
-    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout);
+    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout, lateRetry);
   }
 
   public byte[] fingerprint() {
@@ -95,8 +97,23 @@ public final class ClaimOptions {
     return waitFor;
   }
 
+  /**
+   * What to do if the key is remembered (completed, its result expired):
+   * {@link LateRetry#REEXECUTE} (CLAIMED with {@link ClaimResult#completedAt()}
+   * set) or {@link LateRetry#REFUSE} ({@link Outcome#EXPIRED}). Null
+   * (default): the namespace's policy, else the server's (re-execute unless
+   * configured).
+   */
+  public ClaimOptions lateRetry(LateRetry lateRetry) {
+    return new ClaimOptions(fingerprint, leaseTtl, retention, leaseToken, waitFor, timeout, lateRetry);
+  }
+
   public Duration timeout() {
     return timeout;
+  }
+
+  public LateRetry lateRetry() {
+    return lateRetry;
   }
 
   /** True when the Claim asks to wait (a wait above zero). */

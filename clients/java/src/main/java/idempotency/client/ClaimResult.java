@@ -21,6 +21,10 @@ import java.time.Instant;
  * @param waited how long the Claim waited on the server for another holder,
  *     when it asked to wait ({@link ClaimOptions#waitFor}); null when it did
  *     not ask, or when the server predates waiting and ignored the request
+ * @param completedAt when the key was completed before: set on EXPIRED, and
+ *     on CLAIMED when the Claim re-executed a late retry of a remembered key
+ *     (the effect ran once already, and its result is gone; see
+ *     {@link #reexecuted()}); null otherwise
  */
 public record ClaimResult(
     Outcome outcome,
@@ -33,11 +37,20 @@ public record ClaimResult(
     byte[] checkpoint,
     long checkpointFencingToken,
     boolean retried,
-    Duration waited) {
+    Duration waited,
+    Instant completedAt) {
 
   /** True when this Claim won the lease (or, {@code retried}, got its own lease back). */
   public boolean claimed() {
     return outcome == Outcome.CLAIMED;
+  }
+
+  /**
+   * True when this Claim won the lease of a key that was completed before (at
+   * {@link #completedAt()}) and whose result has expired: a late retry, re-executed.
+   */
+  public boolean reexecuted() {
+    return outcome == Outcome.CLAIMED && completedAt != null;
   }
 
   /** The fencing token as an unsigned number (the proto's uint64), for logs and downstream checks. */

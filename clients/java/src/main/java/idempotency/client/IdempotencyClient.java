@@ -352,7 +352,7 @@ public final class IdempotencyClient implements AutoCloseable, LeaseCalls {
       try {
         return rpc.call(stub, request);
       } catch (StatusRuntimeException error) {
-        Duration pause = attempts.pauseAfter(error.getStatus(), name, endpoint.target);
+        Duration pause = attempts.pauseAfter(error, name, endpoint.target);
         if (pause == null) {
           throw IdempotencyException.fromStatus(name, error, attempts.made());
         }
@@ -414,6 +414,9 @@ public final class IdempotencyClient implements AutoCloseable, LeaseCalls {
     if (options.waitFor() != null) {
       request.setWait(toProto(options.waitFor()));
     }
+    if (options.lateRetry() != null) {
+      request.setLateRetry(options.lateRetry().toProto());
+    }
     // A waiting Claim has its wait on top of the deadline, so that the server
     // waits the whole of it and still answers before the deadline.
     Duration timeout = (options.timeout() != null ? options.timeout() : callTimeout).plus(wait);
@@ -431,7 +434,8 @@ public final class IdempotencyClient implements AutoCloseable, LeaseCalls {
         checkpointed ? reply.getCheckpoint().toByteArray() : null,
         reply.getCheckpointFencingToken(),
         reply.getRetried(),
-        reply.hasWaited() ? toDuration(reply.getWaited()) : null);
+        reply.hasWaited() ? toDuration(reply.getWaited()) : null,
+        reply.hasCompletedAt() ? toInstant(reply.getCompletedAt()) : null);
   }
 
   /** Complete with the Claim's retention. */
@@ -536,7 +540,9 @@ public final class IdempotencyClient implements AutoCloseable, LeaseCalls {
         reply.hasCreatedAt() ? toInstant(reply.getCreatedAt()) : null,
         reply.hasUpdatedAt() ? toInstant(reply.getUpdatedAt()) : null,
         checkpointed ? reply.getCheckpoint().toByteArray() : null,
-        reply.getCheckpointFencingToken());
+        reply.getCheckpointFencingToken(),
+        reply.hasCompletedAt() ? toInstant(reply.getCompletedAt()) : null,
+        reply.hasRememberedUntil() ? toInstant(reply.getRememberedUntil()) : null);
   }
 
   /**

@@ -58,6 +58,15 @@ public final class Lease {
   }
 
   /**
+   * When the key was completed before, for a late retry re-executed (the key
+   * was remembered after its result expired: the effect ran once already, at
+   * that time); null otherwise.
+   */
+  public java.time.Instant previouslyCompletedAt() {
+    return claim.completedAt();
+  }
+
+  /**
    * The last checkpoint: the one an earlier holder of the key saved (received
    * with the Claim), or, after {@link #saveCheckpoint(byte[])}, the one this
    * work saved; null when there is none (start from the beginning).

@@ -19,6 +19,7 @@ import java.util.logging.Logger;
  *       when the lease was lost meanwhile, never Complete: LeaseLost.
  *   <li>COMPLETED: the stored bytes (the replay); the work does not run.
  *   <li>FINGERPRINT_MISMATCH: FingerprintMismatch.
+ *   <li>EXPIRED: a late retry refused: ResultExpired (the key completed, its result is gone).
  *   <li>IN_PROGRESS: with WAIT, the Claim itself waited on the server (it asks
  *       to wait up to what is left of the wait timeout) and is sent again when
  *       the server's own cap cut the wait short; against a server that ignores
@@ -45,7 +46,8 @@ final class Once {
     // True until a server's answer shows it ignored the request to wait.
     boolean serverWaits = waitMode;
     ClaimOptions claimOptions = ClaimOptions.defaults()
-        .fingerprint(fingerprint).leaseTtl(options.leaseTtl()).retention(options.retention());
+        .fingerprint(fingerprint).leaseTtl(options.leaseTtl()).retention(options.retention())
+        .lateRetry(options.lateRetry());
     for (int polls = 0; ; ) {
       long remaining = deadline - System.nanoTime();
       boolean asked = serverWaits && remaining > 0;
@@ -59,6 +61,11 @@ final class Once {
         case FINGERPRINT_MISMATCH:
           throw new IdempotencyException.FingerprintMismatch(
               namespace + "/" + key + ": the key was seen with another payload fingerprint");
+        case EXPIRED:
+          throw new IdempotencyException.ResultExpired(
+              namespace + "/" + key + ": completed at " + claim.completedAt()
+                  + ", its result has expired (a late retry, refused)",
+              claim.completedAt(), claim.fencingToken());
         case IN_PROGRESS:
           break;
         default:

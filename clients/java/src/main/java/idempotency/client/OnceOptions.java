@@ -28,34 +28,36 @@ public final class OnceOptions {
   private final Duration waitTimeout;
   private final boolean heartbeat;
   private final Duration heartbeatInterval;
+  private final LateRetry lateRetry;
 
   private OnceOptions(Duration leaseTtl, Duration retention, OnInProgress onInProgress, Duration waitTimeout,
-      boolean heartbeat, Duration heartbeatInterval) {
+      boolean heartbeat, Duration heartbeatInterval, LateRetry lateRetry) {
     this.leaseTtl = leaseTtl;
     this.retention = retention;
     this.onInProgress = onInProgress;
     this.waitTimeout = waitTimeout;
     this.heartbeat = heartbeat;
     this.heartbeatInterval = heartbeatInterval;
+    this.lateRetry = lateRetry;
   }
 
   /** The server's lease and retention, wait up to 30 s for another holder, heartbeat every lease/3. */
   public static OnceOptions defaults() {
-    return new OnceOptions(null, null, OnInProgress.WAIT, Duration.ofSeconds(30), true, null);
+    return new OnceOptions(null, null, OnInProgress.WAIT, Duration.ofSeconds(30), true, null, null);
   }
 
   /** The lease length (1 s to the server's maximum); null: the server's default (30 s unless configured). */
   public OnceOptions leaseTtl(Duration leaseTtl) {
-    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval);
+    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval, lateRetry);
   }
 
   /** How long the result is kept and replayed; null: the server's default (24 h unless configured). */
   public OnceOptions retention(Duration retention) {
-    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval);
+    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval, lateRetry);
   }
 
   public OnceOptions onInProgress(OnInProgress onInProgress) {
-    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval);
+    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval, lateRetry);
   }
 
   /** Shorthand for {@code onInProgress(OnInProgress.THROW)}. */
@@ -65,17 +67,32 @@ public final class OnceOptions {
 
   /** How long WAIT waits for another claimant before throwing InProgress (default 30 s; zero: do not wait). */
   public OnceOptions waitTimeout(Duration waitTimeout) {
-    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval);
+    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval, lateRetry);
   }
 
   /** Whether to extend the lease (ExtendLease) while the work runs (default true). */
   public OnceOptions heartbeat(boolean heartbeat) {
-    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval);
+    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval, lateRetry);
   }
 
   /** The heartbeat's period; null: a third of the lease (of 30 s when the lease is the server's default). */
   public OnceOptions heartbeatInterval(Duration heartbeatInterval) {
-    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval);
+    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval, lateRetry);
+  }
+
+  /**
+   * What once() does with a remembered key (completed, its result expired):
+   * {@link LateRetry#REEXECUTE} runs the work again ({@link Lease#previouslyCompletedAt()}
+   * says when the key was completed before), {@link LateRetry#REFUSE} throws
+   * {@link IdempotencyException.ResultExpired} without running it. Null
+   * (default): the namespace's policy, else the server's (re-execute unless configured).
+   */
+  public OnceOptions lateRetry(LateRetry lateRetry) {
+    return new OnceOptions(leaseTtl, retention, onInProgress, waitTimeout, heartbeat, heartbeatInterval, lateRetry);
+  }
+
+  public LateRetry lateRetry() {
+    return lateRetry;
   }
 
   public Duration leaseTtl() {

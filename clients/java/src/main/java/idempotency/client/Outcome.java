@@ -10,6 +10,13 @@ public enum Outcome {
   COMPLETED,
   /** The key's record carries another payload fingerprint. Nothing changed. */
   FINGERPRINT_MISMATCH,
+  /**
+   * A late retry refused ({@link LateRetry#REFUSE}): the key was completed at
+   * {@link ClaimResult#completedAt()}, its result has expired, and the server
+   * still remembers it. The effect happened; the result is gone; nothing
+   * changed. {@link ClaimResult#fencingToken()} is the last lease's.
+   */
+  EXPIRED,
   /** An outcome this client does not know (a newer server). */
   UNKNOWN;
 
@@ -23,6 +30,8 @@ public enum Outcome {
         return COMPLETED;
       case OUTCOME_FINGERPRINT_MISMATCH:
         return FINGERPRINT_MISMATCH;
+      case OUTCOME_EXPIRED:
+        return EXPIRED;
       default:
         return UNKNOWN;
     }
