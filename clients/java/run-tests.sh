@@ -15,14 +15,17 @@
 #     (RetryTest), checkpoints with a worker JVM killed mid-job
 #     (CheckpointTest), two PostgreSQL replicas stopped and restarted under
 #     once() (ReplicaTest), and once() waiting for a holder, directly and
-#     behind a relay that clears ClaimRequest.wait (WaitTest).
+#     behind a relay that clears ClaimRequest.wait (WaitTest); the
+#     google.rpc details of refusals and late retries of remembered keys,
+#     refused and re-executed, with servers of its own that refuse late
+#     retries or rate limit (DetailsTest).
 #
 # Run from anywhere.
 #
 #   IDEMPOTENCY_BIN            the server binary (default: target/release/idempotency-service)
 #   IDEMPOTENCY_TEST_POSTGRES  the PostgreSQL the suites create their databases on
 #   JAVA_SUITES                the ServerSuite suites to run (default: all:
-#                              "retry checkpoint replica wait")
+#                              "retry checkpoint replica wait details")
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 here="$repo/clients/java"

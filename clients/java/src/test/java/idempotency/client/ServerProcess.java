@@ -66,6 +66,11 @@ final class ServerProcess implements AutoCloseable {
    * {@code work}; on PostgreSQL when {@code databaseUrl} is not null.
    */
   static ServerProcess start(Path work, String name, String databaseUrl) {
+    return start(work, name, databaseUrl, Map.of());
+  }
+
+  /** {@link #start(Path, String, String)} with more settings ({@code IDEMPOTENCY_...} variables). */
+  static ServerProcess start(Path work, String name, String databaseUrl, Map<String, String> settings) {
     Path dataDir = work.resolve(name);
     try {
       Files.createDirectories(dataDir);
@@ -82,6 +87,7 @@ final class ServerProcess implements AutoCloseable {
       if (databaseUrl != null) {
         env.put("DATABASE_URL", databaseUrl);
       }
+      env.putAll(settings);
       ServerProcess server = new ServerProcess(name, binary(), work.resolve(name + ".log"), env, port);
       try {
         server.launch(60);

@@ -8,21 +8,22 @@ import java.util.List;
  * The suites that start their own servers (the binary named by
  * IDEMPOTENCY_BIN), on the embedded store and on a fresh PostgreSQL database
  * each: retries and lost answers, checkpoints (with a child JVM killed
- * mid-job), several replicas (a rolling restart), and waiting.
+ * mid-job), several replicas (a rolling restart), waiting, and the google.rpc
+ * error details with late retries of remembered keys.
  *
  * <pre>
- * java idempotency.client.ServerSuite WORK_DIR [retry] [checkpoint] [replica] [wait]
+ * java idempotency.client.ServerSuite WORK_DIR [retry] [checkpoint] [replica] [wait] [details]
  * </pre>
  *
  * With no suite named, runs them all. Prints every failed check; exits 1 when
  * there was one.
  */
 public final class ServerSuite {
-  private static final List<String> ALL = List.of("retry", "checkpoint", "replica", "wait");
+  private static final List<String> ALL = List.of("retry", "checkpoint", "replica", "wait", "details");
 
   private ServerSuite() {}
 
-  public static void main(String[] args) {
+  public static void main(String[] args) throws Exception {
     Path work = Path.of(args[0]);
     List<String> chosen = args.length > 1 ? Arrays.asList(args).subList(1, args.length) : ALL;
     for (String suite : chosen) {
@@ -36,7 +37,8 @@ public final class ServerSuite {
     if (chosen.contains("retry")) {
       RetryTest.runUnitChecks(cases);
     }
-    if (chosen.contains("retry") || chosen.contains("checkpoint") || chosen.contains("wait")) {
+    if (chosen.contains("retry") || chosen.contains("checkpoint") || chosen.contains("wait")
+        || chosen.contains("details")) {
       String database = ServerProcess.createPostgresDatabase();
       try (ServerProcess sqlite = ServerProcess.start(work, "sqlite", null);
           ServerProcess postgres = ServerProcess.start(work, "postgres", database)) {
@@ -51,10 +53,16 @@ public final class ServerSuite {
           if (chosen.contains("wait")) {
             new WaitTest(cases, server.target(), store).runAll();
           }
+          if (chosen.contains("details")) {
+            new DetailsTest(cases, server.target(), store).runAll();
+          }
         }
       } finally {
         ServerProcess.dropPostgresDatabase(database);
       }
+    }
+    if (chosen.contains("details")) {
+      DetailsTest.runWithOwnServers(cases, work);
     }
     if (chosen.contains("replica")) {
       new ReplicaTest(cases, work).runAll();
