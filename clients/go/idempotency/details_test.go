@@ -52,17 +52,22 @@ func TestRefusalsCarryTheirReason(t *testing.T) {
 	onEachStore(t, func(t *testing.T, server *idempotencytest.Server) {
 		c, ns, ctx := server.Client(t), namespace(t), ctx(t)
 
-		// LEASE_LOST: the key was purged and claimed again; the first lease is stale.
-		stale, err := c.Claim(ctx, ns, "lost", idempotency.ClaimOptions{})
+		// LEASE_LOST: the lease ran out and another Claim took the key; the
+		// first lease is stale.
+		stale, err := c.Claim(ctx, ns, "lost", idempotency.ClaimOptions{LeaseTTL: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Stub().Purge(ctx, &pb.PurgeRequest{Namespace: ns, Key: "lost", Reason: "go test"}); err != nil {
-			t.Fatal(err)
-		}
-		current, err := c.Claim(ctx, ns, "lost", idempotency.ClaimOptions{})
-		if err != nil || !current.Claimed() || current.FencingToken != 2 {
-			t.Fatalf("Claim after Purge: %+v %v", current, err)
+		var current *idempotency.ClaimResult
+		until(t, 10*time.Second, "the 1 s lease to run out", func() bool {
+			current, err = c.Claim(ctx, ns, "lost", idempotency.ClaimOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return current.Claimed()
+		})
+		if current.FencingToken != 2 {
+			t.Fatalf("Claim after the lease ran out: %+v", current)
 		}
 		_, err = c.Complete(ctx, ns, "lost", stale.LeaseToken, []byte("x"), 0)
 		e := checkStatus(t, "Complete with a stale token", err, codes.FailedPrecondition, idempotency.ReasonLeaseLost)
