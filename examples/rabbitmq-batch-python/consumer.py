@@ -10,7 +10,10 @@ once()); a batch costs two calls to the service instead of two per message.
     for each: key = derive_key("orders", message_id), fingerprint = fingerprint(body)
               (exactly the single-message path: clients/KEYS.md)
     ClaimBatch(all of them)   -> per item, in order:
-      CLAIMED               the effect runs (fenced by the token, guarded by the body)
+      CLAIMED               the effect runs (fenced by the token, guarded by the body);
+                            with completed_at set, a late retry (the receipt expired,
+                            the service remembers the key and re-executes it under
+                            the next token): the effect rewrites the same rows, logged
       COMPLETED             a replay: ack with the stored receipt; nothing runs
       FINGERPRINT_MISMATCH  another body under this id: parked
       IN_PROGRESS           the same key earlier in this batch (a duplicate in the
@@ -73,8 +76,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 # The effect: the same guarded upserts as examples/rabbitmq-python/consumer.py
 # (see the comments there): a row is overwritten only by a newer fencing token
-# and the same body; an equal or older token writes nothing and gets the rows
-# as its receipt; another body under an applied order id is LedgerConflict.
+# and the same body (a takeover, or a late retry re-executed under the next
+# token); an equal or older token writes nothing and gets the rows as its
+# receipt (a stalled holder, or a copy after the service forgot the key, whose
+# token restarted at 1); another body under an applied order id is
+# LedgerConflict.
 UPSERT_ORDER = """
 INSERT INTO orders (order_id, customer, amount_cents, message_id, body_sha256, fencing)
 VALUES ($1, $2, $3, $4, $5, $6)
@@ -378,12 +384,23 @@ class BatchConsumer:
             log.warning("message %s: ack failed (%s)", item.message_id, error)
             return
         item.settled = "ack"
-        how = "replayed the stored receipt" if replayed else (
-            f"applied under fencing token {receipt['fencing']}" if item.wrote else
-            f"already applied under fencing token {receipt['fencing']}; completed with that receipt")
+        # A late retry: the key completed before (completed_at) and its
+        # receipt expired; the service re-executed it under the next token.
+        late = None if replayed else item.claim.completed_at
+        if replayed:
+            how = "replayed the stored receipt"
+        elif late is not None:
+            how = (f"a late retry (completed before at {late.isoformat()}, its result expired): re-executed "
+                   f"under fencing token {item.claim.fencing_token}, " + ("rewrote the same rows" if item.wrote else
+                   f"the rows stand under fencing token {receipt['fencing']}"))
+        elif item.wrote:
+            how = f"applied under fencing token {receipt['fencing']}"
+        else:
+            how = f"already applied under fencing token {receipt['fencing']}; completed with that receipt"
         log.info("message %s: %s, acked", item.message_id, how)
         self.journal.write(event="ack", message_id=item.message_id, copy=item.copy, replayed=replayed,
                            wrote=item.wrote and not replayed, in_batch_duplicate=item.leader is not None,
+                           late_retry=late.isoformat() if late is not None else None,
                            receipt=receipt, batch=self.batches, pid=os.getpid())
         for follower in item.followers:
             await self.ack(follower, receipt, replayed=True)

@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -311,6 +312,80 @@ def test_an_item_held_elsewhere_is_retried_not_acked(tmp_path, server, orders_db
     assert (ack["replayed"], ack["wrote"], ack["receipt"]["fencing"]) == (False, True, 2)
     assert sorted(rows(orders_db)) == ["ord-a", "ord-b", "ord-held"]
     assert parked(queue_name) == []
+
+
+@pytest.mark.parametrize("remember", [True, False], ids=["remembered", "forgotten"])
+def test_a_late_copy_after_the_receipt_expired(tmp_path, orders_db, queue_name, remember):
+    """Two orders complete with a 1 s retention; then, in one batch, a late
+    copy of the first (the same body) and another body under the second.
+    remembered (the server's default: a key is remembered 7 days past its
+    Complete): ClaimBatch re-executes both under token 2, with completed_at;
+    the first rewrites its rows with the same values (logged as a late
+    retry), the second is refused by the guard and parked.
+    forgotten (IDEMPOTENCY_REMEMBER_FOR=0s, as any server past a key's
+    horizon; the reaper deletes the records): both Claim token 1 again; the
+    first writes nothing and completes with the rows as its receipt, the
+    second is parked. One order and one ledger entry each, either way."""
+    data_dir = tmp_path / "service"
+    data_dir.mkdir()
+    env = {"IDEMPOTENCY_REAPER_INTERVAL": "200ms"}
+    if not remember:
+        env["IDEMPOTENCY_REMEMBER_FOR"] = "0s"
+    journal = tmp_path / "journal.jsonl"
+    keys = {oid: derive_key("orders", oid) for oid in ("ord-late-1", "ord-late-2")}
+    with ServerProcess.start(data_dir=data_dir, env=env) as server, IdempotencyClient(server.target) as client:
+
+        def expired():
+            """Every key's Get once its receipt expired and the service
+            remembers it (remembered) or forgot it, its row deleted (forgotten)."""
+            got = {oid: client.get(NAMESPACE, key) for oid, key in keys.items()}
+            if remember:
+                return got if all(r.state is State.ABSENT and r.remembered_until for r in got.values()) else None
+            db = sqlite3.connect(f"file:{data_dir / 'idempotency.db'}?mode=ro", uri=True, timeout=5)
+            try:
+                left = db.execute("SELECT count(*) FROM idempotency_records").fetchone()[0]
+            finally:
+                db.close()
+            return got if left == 0 else None
+
+        run = ConsumerRun(tmp_path, "late", server, orders_db, queue_name, journal, RETENTION_SECONDS="1")
+        try:
+            publish(queue_name, [("ord-late-1", "first", order_body("ord-late-1", 500)),
+                                 ("ord-late-2", "first", order_body("ord-late-2", 700))])
+            wait_for(lambda: settled(journal)[("ord-late-1", "first")] and settled(journal)[("ord-late-2", "first")],
+                     30, "the first copies")
+            before = rows(orders_db)
+            markers = wait_for(expired, 30, "the receipts to expire")
+            if remember:
+                assert {oid: r.fencing_token for oid, r in markers.items()} == {"ord-late-1": 1, "ord-late-2": 1}
+            publish(queue_name, [("ord-late-1", "late", order_body("ord-late-1", 500)),
+                                 ("ord-late-2", "late", order_body("ord-late-2", 999))])
+            wait_for(lambda: settled(journal)[("ord-late-1", "late")] and settled(journal)[("ord-late-2", "late")],
+                     30, "the late copies")
+        finally:
+            assert run.stop() == 0, run.log()
+        token = 2 if remember else 1
+        records = {oid: client.get(NAMESPACE, key) for oid, key in keys.items()}
+    late = {e["message_id"]: e for e in read_journal(journal) if e["copy"] == "late"}
+    ack, park = late["ord-late-1"], late["ord-late-2"]
+    assert (ack["event"], ack["replayed"], ack["wrote"], ack["receipt"]["fencing"]) == ("ack", False, remember, token)
+    assert ack["late_retry"] == (markers["ord-late-1"].completed_at.isoformat() if remember else None)
+    assert ack["receipt"]["ledger_entry"] == before["ord-late-1"]["entry_id"]
+    assert (park["event"], park["reason"]) == ("park", "conflicts_with_applied_order")
+    after = rows(orders_db)
+    assert after["ord-late-1"] == {**before["ord-late-1"], "fencing": token, "ledger_fencing": token}
+    assert after["ord-late-2"] == before["ord-late-2"]
+    assert effect_runs(orders_db) == {"ord-late-1": [1, 2] if remember else [1], "ord-late-2": [1]}
+    assert (records["ord-late-1"].state, records["ord-late-1"].fencing_token) == (State.COMPLETED, token)
+    assert json.loads(records["ord-late-1"].response) == ack["receipt"]
+    assert (records["ord-late-2"].state, records["ord-late-2"].fencing_token) == (State.RELEASED, token)
+    [(message_id, headers, body)] = parked(queue_name)
+    assert (message_id, headers["x-test-copy"], json.loads(body)["amount_cents"]) == ("ord-late-2", "late", 999)
+    if remember:
+        assert (f"message ord-late-1: a late retry (completed before at {ack['late_retry']}, its result expired): "
+                "re-executed under fencing token 2, rewrote the same rows, acked") in run.log()
+    else:
+        assert "message ord-late-1: already applied under fencing token 1; completed with that receipt, acked" in run.log()
 
 
 def test_a_long_batch_keeps_its_leases(tmp_path, server, orders_db, queue_name):
