@@ -10,6 +10,10 @@
 //                   and tells JetStream the message is being worked on
 //                   (msg.working(), which restarts ack_wait); write the effect
 //                   under the fencing guard (ledger.ts); Complete; then ack.
+//                   A late retry (the receipt expired, the service remembers
+//                   the event and re-executes it: lease.completedBefore is
+//                   set) is the same, under the next fencing token: the guard
+//                   rewrites the same row; the report says `late_retry`.
 //     COMPLETED     the replay: ack; the stored receipt is the result.
 //     IN_PROGRESS   another delivery of the same event is being worked on
 //                   (JetStream redelivered it after ack_wait, or the event was
@@ -20,8 +24,10 @@
 //     FINGERPRINT_MISMATCH  the event id came back with another body: term
 //                   (never redeliver); the first body's effect stands. The
 //                   ledger row refuses another body the same way before the
-//                   Claim, however late it comes (the service forgets the
-//                   event after its retention; the row does not).
+//                   Claim, however late it comes (once the receipt expired
+//                   the service re-executes a late copy without comparing
+//                   fingerprints, and forgets the event past its horizon; the
+//                   row does neither).
 //
 //   Every nak waits the backoff step of its delivery (nakDelayMs: 1 s, 5 s,
 //   30 s, 2 min, then 5 min by default), and every delivery counts against
@@ -189,6 +195,12 @@ export interface Report {
   delivery: number;
   /** The fencing token of this attempt's lease, when it won one. */
   fencing?: string;
+  /**
+   * A late retry: when the event completed before (ISO 8601). Its receipt
+   * expired and the service, which remembers the event, re-executed it under
+   * the next fencing token. Worth counting: copies come later than the retention.
+   */
+  late_retry?: string;
   /** The effect write of this attempt, when it got that far. */
   effect?: { applied: boolean; row_fencing: string };
   /** The result: written (completed) or replayed. */
@@ -238,18 +250,22 @@ export async function handleMessage(msg: JsMsg, ctx: HandlerContext): Promise<Re
   const work = ctx.work ?? simulatedWork;
   const interval = heartbeatIntervalMs(s);
   let fencing: bigint | undefined;
+  let completedBefore: Date | null = null;
   let effect: EffectResult | undefined;
   const attempt = () => ({
     event_id: event.event_id,
     key,
     fencing: fencing?.toString(),
+    ...(completedBefore ? { late_retry: completedBefore.toISOString() } : {}),
     effect: effect && { applied: effect.applied, row_fencing: effect.receipt.fencing },
   });
 
   try {
-    // The ledger row outlives the service's record: once the record expired
-    // and was reaped, the service would take another body under this id for
-    // a new event. The row still tells it apart: refused before any Claim.
+    // The ledger row outlives the service's record: once the receipt expired,
+    // the service would re-execute another body under this id (a late retry
+    // is not compared with the first fingerprint), or, past the event's
+    // horizon, take it for a new event. The row still tells it apart:
+    // refused before any Claim.
     const existing = await currentRow(ctx.pool, key);
     if (existing && (existing.account !== event.account || existing.amount_cents !== event.amount_cents)) {
       throw new OtherBody(`the ledger holds ${event.event_id} with another account or amount`);
@@ -259,6 +275,7 @@ export async function handleMessage(msg: JsMsg, ctx: HandlerContext): Promise<Re
       key,
       async (lease) => {
         fencing = lease.fencingToken;
+        completedBefore = lease.completedBefore;
         ctx.onClaimed?.(event, lease);
         const stopTouching = s.touchMessage === false ? () => undefined : touchWhileWorking(msg, lease.signal, interval);
         try {

@@ -6,14 +6,17 @@
 // row written under a LOWER token, and only with the same account and amount,
 // so:
 //   - a worker that took the key over after an earlier holder's lease ran out
-//     (fencing + 1) rewrites that holder's row: still one row per event;
+//     (fencing + 1) rewrites that holder's row: still one row per event; so
+//     does a late copy after the receipt expired, which the service
+//     re-executes under the next token while it remembers the event;
 //   - a late holder whose lease was taken over (a lower token than the row's)
 //     changes nothing: its write is rejected by the guard, and its Complete
 //     will be refused by the service as well;
-//   - after the service's record expired and was reaped, its token restarts
-//     at 1 and climbs again; the row is never rewritten with another amount,
-//     whatever the token (consumer.ts refuses such a body before its Claim;
-//     the guard holds in a race too).
+//   - once the service forgot the event (past its horizon the record is
+//     deleted), its token restarts at 1 and climbs again: a copy then writes
+//     nothing and the row is its receipt; the row is never rewritten with
+//     another amount, whatever the token (consumer.ts refuses such a body
+//     before its Claim; the guard holds in a race too).
 import type { Pool } from "pg";
 
 export const LEDGER_SCHEMA = `
@@ -95,7 +98,7 @@ function toReceipt(row: Record<string, string>): Receipt {
  * on to Complete, whose answer decides (a takeover's lease refuses it; see
  * consumer.ts). A row with an equal or higher token is this attempt's own
  * earlier write (a retried statement), a newer holder's, or one written
- * before the service's record was reaped (its token restarted): Complete
+ * before the service forgot the event (its token restarted): Complete
  * tells them apart, and the receipt describes the row either way.
  */
 export async function applyEffect(pool: Pool, entry: LedgerEntry): Promise<EffectResult> {

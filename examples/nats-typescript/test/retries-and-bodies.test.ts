@@ -12,9 +12,12 @@
 //      cannot be read (bad JSON, a lone surrogate in the id, an amount beyond
 //      2^53) and another body under a completed id are term()ed at once and
 //      parked; the worker keeps running.
-//   3. A late copy after the service's record expired and was reaped (its
-//      fencing token restarts at 1): another amount is term()ed before any
-//      Claim, the same body is answered with the row; the row never changes.
+//   3. A late copy after the receipt expired, while the service remembers
+//      the event (it re-executes the copy under the next fencing token: the
+//      same body rewrites the row with the same values) and after it forgot
+//      it (IDEMPOTENCY_REMEMBER_FOR=0s: the token restarts at 1, the same
+//      body is answered with the row, unchanged); either way another amount
+//      is term()ed before any Claim.
 //   4. The defaults are docs/recipes.md's numbers.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
@@ -48,18 +51,16 @@ let js: JetStreamClient;
 let pool: Pool;
 let ledgerDb: string;
 let serviceDb: string;
-let servicePool: Pool;
 let suffix: string;
 const streams: string[] = [];
 
 before(async () => {
   suffix = randomBytes(6).toString("hex");
-  // The service on PostgreSQL, its reaper every 200 ms, so that a test can
-  // see a record deleted (not only expired).
+  // The service on PostgreSQL, its reaper every 200 ms, remembering
+  // completed events as by default (7 days past their Complete).
   serviceDb = `nats_example_${suffix}_service`;
   await adminQuery(`CREATE DATABASE ${serviceDb}`);
   server = await startServer({ databaseUrl: `${POSTGRES}/${serviceDb}`, env: { IDEMPOTENCY_REAPER_INTERVAL: "200ms" } });
-  servicePool = new Pool({ connectionString: `${POSTGRES}/${serviceDb}`, max: 1 });
   client = new IdempotencyClient(server.target);
   ledgerDb = `nats_example_${suffix}`;
   await adminQuery(`CREATE DATABASE ${ledgerDb}`);
@@ -89,7 +90,6 @@ after(async () => {
   if (ledgerDb) await attempt(() => adminQuery(`DROP DATABASE IF EXISTS ${ledgerDb} WITH (FORCE)`));
   if (client) client.close();
   if (server) await attempt(() => server.stop());
-  if (servicePool) await attempt(() => servicePool.end());
   if (serviceDb) await attempt(() => adminQuery(`DROP DATABASE IF EXISTS ${serviceDb} WITH (FORCE)`));
   if (errors.length > 0) throw errors[0];
 });
@@ -132,8 +132,8 @@ async function ledgerRow(eventId: string): Promise<Receipt | undefined> {
   return result.rows[0] && { ...result.rows[0], amount_cents: Number(result.rows[0].amount_cents) };
 }
 
-async function replayed(event: OrderEvent): Promise<Receipt> {
-  const claim = await client.claim(NAMESPACE, eventKey(event.event_id), { fingerprint: eventFingerprint(event) });
+async function replayed(event: OrderEvent, service: IdempotencyClient = client): Promise<Receipt> {
+  const claim = await service.claim(NAMESPACE, eventKey(event.event_id), { fingerprint: eventFingerprint(event) });
   assert.equal(claim.outcome, "COMPLETED", `${event.event_id}: a new Claim should replay`);
   return JSON.parse((claim as { response: Buffer }).response.toString("utf8"));
 }
@@ -271,7 +271,7 @@ test("bodies: floats and big integers are processed, unreadable bodies and anoth
   }
 });
 
-test("a late copy after the record was reaped: another amount is term()ed, the same body answered with the row, the row unchanged", async () => {
+test("a late copy within remember_for: another amount is term()ed, the same body re-executed under the next token rewrites the row", async () => {
   const stream = await setUp("LATE", "late", { MAX_DELIVER: "3" });
   const consumer = new ConsumerProcess("l1", { ...consumerEnv(stream, "late"), RETENTION_MS: "1000" });
   const original: OrderEvent = { event_id: "late-1", account: "acct-l", amount_cents: 500 };
@@ -283,45 +283,118 @@ test("a late copy after the record was reaped: another amount is term()ed, the s
     );
     return report(seq)!;
   };
+  const remembered = async (token: bigint) => {
+    const got = await client.get(NAMESPACE, key);
+    return got.state === "ABSENT" && got.rememberedUntil !== null && got.fencingToken === token ? got : undefined;
+  };
   try {
     await consumer.waitReady();
     const first = await handled((await js.publish(`${stream}.late`, Buffer.from(JSON.stringify(original)))).seq);
-    assert.equal(first.outcome, "completed");
+    assert.deepEqual([first.outcome, first.late_retry], ["completed", undefined]);
     const row = await ledgerRow("late-1");
     assert.deepEqual(row, { event_id: "late-1", account: "acct-l", amount_cents: 500, fencing: "1", applied_by: "l1" });
 
+    // The retention (1 s) passes: the receipt is gone, the service remembers the event.
+    await waitFor("late-1 to be remembered", async () => (await remembered(1n)) !== undefined, 20_000);
+    const marker = (await remembered(1n))!;
+
+    // Another amount under the same id: refused from the row, before any
+    // Claim (the service would re-execute it); parked, the row unchanged.
+    const other = { ...original, amount_cents: 900 };
+    const refused = await handled((await js.publish(`${stream}.late`, Buffer.from(JSON.stringify(other)))).seq);
+    assert.deepEqual([refused.outcome, refused.delivery, refused.fencing], ["mismatch", 1, undefined], JSON.stringify(refused));
+    assert.ok(await remembered(1n), "nothing was claimed");
+    assert.deepEqual(await ledgerRow("late-1"), row);
+
+    // The same body: a late retry, re-executed under token 2 (completedAt
+    // set); the guard rewrites the row with the same values, the row is the
+    // receipt, and the report says late_retry.
+    const again = await handled((await js.publish(`${stream}.late`, Buffer.from(JSON.stringify(original)))).seq);
+    assert.equal(again.outcome, "completed");
+    assert.deepEqual([again.fencing, again.effect, again.late_retry], ["2", { applied: true, row_fencing: "2" }, marker.completedAt!.toISOString()]);
+    const rewritten = { ...row!, fencing: "2" };
+    assert.deepEqual(again.receipt, rewritten);
+    assert.deepEqual(await ledgerRow("late-1"), rewritten);
+    assert.deepEqual(await replayed(original), rewritten);
+    const record = await client.get(NAMESPACE, key);
+    assert.deepEqual([record.state, record.fencingToken], ["COMPLETED", 2n]);
+    assert.deepEqual((await redrive(stream)).map((p) => [p.reason, p.body]), [["terminated", JSON.stringify(other)]]);
+    assert.equal(await consumer.stop(), 0, consumer.log());
+  } finally {
+    consumer.kill();
+  }
+});
+
+test("a late copy after the service forgot the event: another amount is term()ed, the same body answered with the row, the row unchanged", async () => {
+  // A server of its own that remembers nothing past the retention
+  // (IDEMPOTENCY_REMEMBER_FOR=0s: what any server does past an event's
+  // horizon), on PostgreSQL, its reaper every 200 ms.
+  const forgetDb = `nats_example_${suffix}_forget`;
+  await adminQuery(`CREATE DATABASE ${forgetDb}`);
+  const forgetting = await startServer({
+    databaseUrl: `${POSTGRES}/${forgetDb}`,
+    env: { IDEMPOTENCY_REAPER_INTERVAL: "200ms", IDEMPOTENCY_REMEMBER_FOR: "0s" },
+  });
+  const forgetPool = new Pool({ connectionString: `${POSTGRES}/${forgetDb}`, max: 1 });
+  const service = new IdempotencyClient(forgetting.target);
+  const stream = await setUp("FORGOT", "forgot", { MAX_DELIVER: "3" });
+  const consumer = new ConsumerProcess("f1", {
+    ...consumerEnv(stream, "forgot"),
+    IDEMPOTENCY_TARGET: forgetting.target,
+    RETENTION_MS: "1000",
+  });
+  const original: OrderEvent = { event_id: "forgot-1", account: "acct-f", amount_cents: 500 };
+  const key = eventKey("forgot-1");
+  const report = (seq: number) => consumer.reports.find((r) => r.stream_seq === seq);
+  const handled = async (seq: number) => {
+    await waitFor(`seq ${seq} handled`, async () => report(seq) !== undefined && (await drained(stream, "forgot")), 20_000, () =>
+      `${JSON.stringify(consumer.reports)}\n${consumer.log()}`,
+    );
+    return report(seq)!;
+  };
+  try {
+    await consumer.waitReady();
+    const first = await handled((await js.publish(`${stream}.forgot`, Buffer.from(JSON.stringify(original)))).seq);
+    assert.equal(first.outcome, "completed");
+    const row = await ledgerRow("forgot-1");
+    assert.deepEqual(row, { event_id: "forgot-1", account: "acct-f", amount_cents: 500, fencing: "1", applied_by: "f1" });
+
     // The retention (1 s) passes and the reaper deletes the record.
     await waitFor(
-      "the reaper to delete late-1's record",
-      async () => (await servicePool.query("SELECT 1 FROM idempotency_records WHERE namespace = $1 AND key = $2", [NAMESPACE, key])).rowCount === 0,
+      "the reaper to delete forgot-1's record",
+      async () => (await forgetPool.query("SELECT 1 FROM idempotency_records WHERE namespace = $1 AND key = $2", [NAMESPACE, key])).rowCount === 0,
       20_000,
     );
 
     // Another amount under the same id: refused from the row, before any
     // Claim (the service no longer knows the event); parked, the row unchanged.
     const other = { ...original, amount_cents: 900 };
-    const refused = await handled((await js.publish(`${stream}.late`, Buffer.from(JSON.stringify(other)))).seq);
+    const refused = await handled((await js.publish(`${stream}.forgot`, Buffer.from(JSON.stringify(other)))).seq);
     assert.deepEqual([refused.outcome, refused.delivery, refused.fencing], ["mismatch", 1, undefined], JSON.stringify(refused));
-    assert.equal((await client.get(NAMESPACE, key)).state, "ABSENT", "nothing was claimed");
-    assert.deepEqual(await ledgerRow("late-1"), row);
+    assert.equal((await service.get(NAMESPACE, key)).state, "ABSENT", "nothing was claimed");
+    assert.deepEqual(await ledgerRow("forgot-1"), row);
 
     // The same body: claimed anew (fencing token 1), the guard rejects the
     // write (the row's token is not lower), the row is the receipt.
-    const again = await handled((await js.publish(`${stream}.late`, Buffer.from(JSON.stringify(original)))).seq);
+    const again = await handled((await js.publish(`${stream}.forgot`, Buffer.from(JSON.stringify(original)))).seq);
     assert.equal(again.outcome, "completed");
-    assert.deepEqual([again.fencing, again.effect], ["1", { applied: false, row_fencing: "1" }]);
+    assert.deepEqual([again.fencing, again.effect, again.late_retry], ["1", { applied: false, row_fencing: "1" }, undefined]);
     assert.deepEqual(again.receipt, row);
-    assert.deepEqual(await replayed(original), row);
+    assert.deepEqual(await replayed(original, service), row);
 
     // And the guard alone, as in a race past that check: a newer token with
     // another amount does not rewrite the row.
-    const raced = await applyEffect(pool, { eventKey: key, eventId: "late-1", account: "acct-l", amountCents: 900, fencing: 2n, worker: "racer" });
+    const raced = await applyEffect(pool, { eventKey: key, eventId: "forgot-1", account: "acct-f", amountCents: 900, fencing: 2n, worker: "racer" });
     assert.deepEqual(raced, { applied: false, receipt: row });
-    assert.deepEqual(await ledgerRow("late-1"), row);
+    assert.deepEqual(await ledgerRow("forgot-1"), row);
     assert.deepEqual((await redrive(stream)).map((p) => [p.reason, p.body]), [["terminated", JSON.stringify(other)]]);
     assert.equal(await consumer.stop(), 0, consumer.log());
   } finally {
     consumer.kill();
+    service.close();
+    await forgetting.stop();
+    await forgetPool.end();
+    await adminQuery(`DROP DATABASE IF EXISTS ${forgetDb} WITH (FORCE)`);
   }
 });
 
