@@ -39,45 +39,23 @@ import (
 	"idempotencyservice/idempotency/idempotencytest"
 )
 
-// fallbackServiceConfig is clients/service-config.json's content, for a
-// checkout that lacks the file.
-const fallbackServiceConfig = `{
-  "methodConfig": [{
-    "name": [
-      {"service": "idempotency.v1.IdempotencyService", "method": "Claim"},
-      {"service": "idempotency.v1.IdempotencyService", "method": "Get"},
-      {"service": "idempotency.v1.IdempotencyService", "method": "Complete"},
-      {"service": "idempotency.v1.IdempotencyService", "method": "Release"},
-      {"service": "idempotency.v1.IdempotencyService", "method": "ExtendLease"},
-      {"service": "idempotency.v1.IdempotencyService", "method": "ClaimBatch"},
-      {"service": "idempotency.v1.IdempotencyService", "method": "CompleteBatch"}
-    ],
-    "retryPolicy": {
-      "maxAttempts": 5,
-      "initialBackoff": "0.1s",
-      "maxBackoff": "2s",
-      "backoffMultiplier": 2,
-      "retryableStatusCodes": ["UNAVAILABLE"]
-    }
-  }]
-}`
-
-// serviceConfig is clients/service-config.json (found from this file's
-// place in the repository), else fallbackServiceConfig.
+// serviceConfig is clients/service-config.json, found from this file's
+// place in the repository.
 func serviceConfig(t *testing.T) string {
+	t.Helper()
 	_, file, _, ok := runtime.Caller(0)
-	if ok {
-		if resolved, err := filepath.EvalSymlinks(file); err == nil {
-			file = resolved
-		}
-		path := filepath.Join(filepath.Dir(file), "..", "..", "service-config.json")
-		if data, err := os.ReadFile(path); err == nil {
-			t.Logf("the service config: %s", path)
-			return string(data)
-		}
+	if !ok {
+		t.Fatal("runtime.Caller: no file")
 	}
-	t.Logf("clients/service-config.json not found: using the same config from the test")
-	return fallbackServiceConfig
+	if resolved, err := filepath.EvalSymlinks(file); err == nil {
+		file = resolved
+	}
+	path := filepath.Join(filepath.Dir(file), "..", "..", "service-config.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the service config: %v", err)
+	}
+	return string(data)
 }
 
 const retryEnv = "GRPC_GO_RETRY"
