@@ -37,7 +37,11 @@
 # each step against the empty table, and the targets at the largest size:
 # Claim+Complete at 64 callers at least 0.9x its empty-table rate (issue 24;
 # issue 13 asked 0.8x), judged against the mean of the two empty-table runs
-# that bracket it, the reaper keeping pace with 5,000 expiries a second (with
+# that bracket it and, when BENCH_ROUNDS > 0, by the median ratio of rounds
+# that alternate short Claim+Complete points on the largest table (nothing
+# expiring then) and on the empty one (both must reach it: on a machine
+# shared with other work, the drift of its speed between points minutes apart
+# can be larger than the effect measured), the reaper keeping pace with 5,000 expiries a second (with
 # markers: 5,000 records to turn into markers and 5,000 markers to delete),
 # and the table's size.
 #
@@ -135,6 +139,10 @@
 #                       remembered (the table of before issue 24)
 #   BENCH_REPEAT_BASELINE  1: Claim+Complete on an empty table again after the
 #                       largest step (1); 0: not
+#   BENCH_ROUNDS        pairs of shorter Claim+Complete points after that,
+#                       alternating the largest table and the empty one (4;
+#                       smoke 1); 0: none
+#   BENCH_ROUND_SECONDS seconds of each of those points (30; smoke 2)
 #   BENCH_EXPIRY_RATE   records expiring per second during the window, and as
 #                       many markers reaching their horizon (5000; smoke 500)
 #   BENCH_EXPIRY_MARGIN seconds of expiries scheduled beyond the window, for the
@@ -203,6 +211,13 @@ else
   markers_per_live="${BENCH_MARKERS_PER_LIVE:-6}"
 fi
 repeat_baseline="${BENCH_REPEAT_BASELINE:-1}"
+if ((smoke)); then
+  rounds="${BENCH_ROUNDS:-1}"
+  round_seconds="${BENCH_ROUND_SECONDS:-2}"
+else
+  rounds="${BENCH_ROUNDS:-4}"
+  round_seconds="${BENCH_ROUND_SECONDS:-30}"
+fi
 callers="${BENCH_CALLERS:-64}"
 batch_callers="${BENCH_BATCH_CALLERS:-8}"
 fill_jobs="${BENCH_FILL_JOBS:-2}"
@@ -224,6 +239,8 @@ for name in window seconds expiry_rate expiry_margin expiry_lead callers batch_c
 done
 [[ "$markers_per_live" =~ ^[0-9]+$ ]] || die "BENCH_MARKERS_PER_LIVE must be a whole number: $markers_per_live"
 [[ "$repeat_baseline" =~ ^[01]$ ]] || die "BENCH_REPEAT_BASELINE must be 0 or 1: $repeat_baseline"
+[[ "$rounds" =~ ^[0-9]+$ ]] || die "BENCH_ROUNDS must be a whole number: $rounds"
+[[ "$round_seconds" =~ ^[1-9][0-9]*$ ]] || die "BENCH_ROUND_SECONDS must be a whole number above 0: $round_seconds"
 # A step's rows: live records and markers.
 live_of() { echo $(($1 / (1 + markers_per_live))); }
 markers_of() { echo $(($1 - $1 / (1 + markers_per_live))); }
@@ -320,7 +337,7 @@ for db in $database $empty_database; do
 done
 admin_sql -c "CREATE DATABASE $database" >/dev/null
 DATABASE_URL="$db_url" RUST_LOG=warn "$server_bin" migrate
-if ((repeat_baseline)); then
+if ((repeat_baseline || rounds > 0)); then
   admin_sql -c "CREATE DATABASE $empty_database" >/dev/null
   DATABASE_URL="$pg_server/$empty_database" RUST_LOG=warn "$server_bin" migrate
 fi
@@ -359,7 +376,8 @@ json.dump({"smoke": $smoke, "sizes": [int(s) for s in "$sizes".split()], "window
            "batch_size": $batch_size, "expiry_rate": $expiry_rate, "expiry_margin_s": $expiry_margin,
            "reaper_interval": "$reaper_interval", "reaper_interval_s": $reaper_interval_s,
            "server_env": "${BENCH_SERVER_ENV:-}", "markers_per_live": $markers_per_live,
-           "repeat_baseline": $repeat_baseline}, open(sys.argv[1], "w"), indent=2)
+           "repeat_baseline": $repeat_baseline, "rounds": $rounds, "round_seconds": $round_seconds},
+          open(sys.argv[1], "w"), indent=2)
 EOF
 
 now_s() { date +%s.%N; }
@@ -736,20 +754,47 @@ for size in $sizes; do
   schedule_expiry "$size"
   measure_step "$size"
 done
+# The empty table of the repeated baseline and the rounds: emptied, 100
+# completed rows seeded, VACUUM ANALYZE, CHECKPOINT, as the first baseline.
+reset_empty_table() {
+  psql "$pg_server/$empty_database" -qAtX -v ON_ERROR_STOP=1 -c 'TRUNCATE idempotency_records' \
+    -c "INSERT INTO idempotency_records
+          (namespace, key, state, fencing_token, lease_token, fingerprint,
+           response, retention_us, lease_expires_at, expires_at, created_at, updated_at)
+        SELECT 'seed', 'dup-' || g, 2, 1, '$token'::bytea, NULL, '$response'::bytea,
+               86400000000, NULL, now() + interval '24 hours', now(), now()
+        FROM generate_series(0, 99) AS g" -c 'VACUUM ANALYZE idempotency_records' -c 'CHECKPOINT'
+}
 if ((repeat_baseline)); then
   # Claim+Complete on an empty table again (its own database, seeded as the
   # first), right after the largest step: how far the machine drifted.
   log "step empty-after: the baseline's Claim+Complete again"
+  reset_empty_table
   point_database=$empty_database
-  psql "$pg_server/$empty_database" -qAtX -v ON_ERROR_STOP=1 -c "INSERT INTO idempotency_records
-            (namespace, key, state, fencing_token, lease_token, fingerprint,
-             response, retention_us, lease_expires_at, expires_at, created_at, updated_at)
-          SELECT 'seed', 'dup-' || g, 2, 1, '$token'::bytea, NULL, '$response'::bytea,
-                 86400000000, NULL, now() + interval '24 hours', now(), now()
-          FROM generate_series(0, 99) AS g" -c 'VACUUM ANALYZE idempotency_records' -c 'CHECKPOINT'
   other_point empty-after claim-complete "$callers" "$window"
   point_database=$database
 fi
+# Rounds: shorter Claim+Complete points, alternating between the largest
+# table (its markers and records; its expiring ranges are past and reaped by
+# now, so nothing expires) and the empty table, in the order large, empty,
+# empty, large, ...: a drift of the machine's speed during the rounds falls
+# on both sides alike. Each point starts with a CHECKPOINT, and the empty
+# table is reset before each of its points.
+for ((round = 1; round <= rounds; round++)); do
+  if ((round % 2)); then order="large empty"; else order="empty large"; fi
+  for which in $order; do
+    log "round $round of $rounds: Claim+Complete on the $which table"
+    if [[ "$which" == empty ]]; then
+      reset_empty_table
+      point_database=$empty_database
+    else
+      sql -c 'CHECKPOINT'
+      point_database=$database
+    fi
+    other_point "round$round-$which" claim-complete "$callers" "$round_seconds"
+  done
+  point_database=$database
+done
 
 status=0
 python3 bench/large-table.py "$out" || status=$?
