@@ -22,8 +22,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::domain::Namespace;
-use crate::error::Error;
+use crate::domain::{LateRetry, Namespace, Remembering};
+use crate::error::{Error, Reason};
 
 /// Every RPC of the service, by the name the policy uses.
 pub const RPCS: [&str; 8] = [
@@ -91,12 +91,71 @@ fn parse_hash(text: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+fn namespace_settings(entry: NamespaceEntry) -> anyhow::Result<NamespaceSettings> {
+    anyhow::ensure!(
+        !entry.names.is_empty(),
+        "names must name at least one namespace (\"*\" for all)"
+    );
+    let names = entry
+        .names
+        .iter()
+        .map(|n| NamespaceGrant::parse(n))
+        .collect::<anyhow::Result<_>>()
+        .context("names")?;
+    let remember_for = entry
+        .remember_for
+        .map(|text| {
+            humantime::parse_duration(&text)
+                .map_err(|e| anyhow::anyhow!("remember_for: {text:?} is not a duration: {e}"))
+        })
+        .transpose()?;
+    let late_retry = entry
+        .late_retry
+        .map(|text| {
+            crate::config::parse_late_retry(&text).map_err(|e| anyhow::anyhow!("late_retry: {e}"))
+        })
+        .transpose()?;
+    Ok(NamespaceSettings {
+        names,
+        remember_for,
+        late_retry,
+    })
+}
+
+/// Namespace settings as the lifecycle asks for them, from the policy as it
+/// is now (the file is reloaded when it changes).
+impl crate::lifecycle::NamespaceSettings for crate::reload::Reloading<Policy> {
+    fn remembering(&self, namespace: &Namespace, default: Remembering) -> Remembering {
+        self.current().remembering(namespace, default)
+    }
+}
+
 /// The file's shape.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicyFile {
     #[serde(default)]
     identity: Vec<IdentityEntry>,
+    #[serde(default)]
+    namespace: Vec<NamespaceEntry>,
+}
+
+/// A `[[namespace]]` entry: settings for the namespaces it names.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NamespaceEntry {
+    names: Vec<String>,
+    remember_for: Option<String>,
+    late_retry: Option<String>,
+}
+
+/// The settings of the namespaces one entry names; unset ones are the
+/// server's.
+#[derive(Debug)]
+struct NamespaceSettings {
+    names: Vec<NamespaceGrant>,
+    remember_for: Option<std::time::Duration>,
+    late_retry: Option<LateRetry>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -191,11 +250,16 @@ impl Identity {
     /// Takes one call from the identity's rate limit; RESOURCE_EXHAUSTED when
     /// it is spent.
     pub fn check_rate(&self) -> Result<(), Error> {
+        use governor::clock::{Clock, DefaultClock};
         match &self.limiter {
-            Some(limiter) if limiter.check().is_err() => Err(Error::ResourceExhausted(
-                "this identity's rate limit is reached; retry with backoff",
-            )),
-            _ => Ok(()),
+            Some(limiter) => limiter
+                .check()
+                .map_err(|not_until| Error::ResourceExhausted {
+                    reason: Reason::RateLimited,
+                    message: "this identity's rate limit is reached; retry with backoff",
+                    retry_after: not_until.wait_time_from(DefaultClock::default().now()),
+                }),
+            None => Ok(()),
         }
     }
 }
@@ -214,6 +278,9 @@ pub struct Credentials<'a> {
 #[derive(Debug)]
 pub struct Policy {
     identities: Vec<Arc<Identity>>,
+    /// `[[namespace]]` entries, in the file's order: the first that names a
+    /// namespace decides its settings.
+    namespaces: Vec<NamespaceSettings>,
     /// Token hash → index into `identities`.
     tokens: Vec<([u8; 32], usize)>,
     /// Client certificate CN → index into `identities`.
@@ -231,6 +298,7 @@ impl Policy {
         let file: PolicyFile = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
         let mut policy = Policy {
             identities: Vec::with_capacity(file.identity.len()),
+            namespaces: Vec::with_capacity(file.namespace.len()),
             tokens: Vec::new(),
             common_names: HashMap::new(),
         };
@@ -240,7 +308,28 @@ impl Policy {
                 .add(index, entry)
                 .with_context(|| format!("identity {name:?}"))?;
         }
+        for (index, entry) in file.namespace.into_iter().enumerate() {
+            let settings = namespace_settings(entry)
+                .with_context(|| format!("namespace entry {}", index + 1))?;
+            policy.namespaces.push(settings);
+        }
         Ok(policy)
+    }
+
+    /// A namespace's remembering: the first `[[namespace]]` entry naming it
+    /// overrides what it sets of the server's.
+    pub fn remembering(&self, namespace: &Namespace, default: Remembering) -> Remembering {
+        let Some(entry) = self
+            .namespaces
+            .iter()
+            .find(|e| e.names.iter().any(|n| n.covers(namespace.as_str())))
+        else {
+            return default;
+        };
+        Remembering {
+            remember_for: entry.remember_for.unwrap_or(default.remember_for),
+            late_retry: entry.late_retry.unwrap_or(default.late_retry),
+        }
     }
 
     fn add(&mut self, index: usize, entry: IdentityEntry) -> anyhow::Result<()> {
@@ -448,6 +537,57 @@ mod tests {
     }
 
     #[test]
+    fn the_first_namespace_entry_naming_a_namespace_sets_its_remembering() {
+        use std::time::Duration;
+        let policy = Policy::parse(
+            r#"
+            [[namespace]]
+            names = ["payments/*"]
+            late_retry = "refuse"
+
+            [[namespace]]
+            names = ["payments/stripe", "orders"]
+            remember_for = "30days"
+            "#,
+        )
+        .unwrap();
+        let default = Remembering::DEFAULT;
+        assert_eq!(
+            policy.remembering(&ns("payments/stripe"), default),
+            Remembering {
+                remember_for: default.remember_for,
+                late_retry: LateRetry::Refuse,
+            }
+        );
+        assert_eq!(
+            policy.remembering(&ns("orders"), default),
+            Remembering {
+                remember_for: Duration::from_secs(30 * 24 * 3600),
+                late_retry: LateRetry::Reexecute,
+            }
+        );
+        assert_eq!(policy.remembering(&ns("other"), default), default);
+        for (text, error) in [
+            (
+                "[[namespace]]\nnames = []",
+                "names must name at least one namespace",
+            ),
+            (
+                "[[namespace]]\nnames = [\"a\"]\nlate_retry = \"never\"",
+                "late_retry: \"never\" is not a late-retry policy (reexecute or refuse)",
+            ),
+            (
+                "[[namespace]]\nnames = [\"a\"]\nremember_for = \"soon\"",
+                "remember_for: \"soon\" is not a duration",
+            ),
+        ] {
+            let message = format!("{:#}", Policy::parse(text).unwrap_err());
+            assert!(message.contains("namespace entry 1"), "{message}");
+            assert!(message.contains(error), "{message}");
+        }
+    }
+
+    #[test]
     fn namespaces_match_exactly_or_by_prefix() {
         let token = new_token();
         let policy = policy(&token);
@@ -506,7 +646,7 @@ mod tests {
         assert!(oncall.check_rate().is_ok());
         assert!(matches!(
             oncall.check_rate(),
-            Err(Error::ResourceExhausted(_))
+            Err(Error::ResourceExhausted { .. })
         ));
     }
 

@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
 use crate::access;
-use crate::domain::{Key, Namespace, Record, RecordState};
-use crate::lifecycle::Lifecycle;
+use crate::domain::{Key, Marker, Namespace, Purged, Record, RecordState};
+use crate::lifecycle::{Inspection, Lifecycle};
 use crate::store::{Store, StoreStats};
 
 fn state_name(state: Option<RecordState>) -> &'static str {
@@ -53,10 +53,35 @@ pub async fn get<S: Store>(
     namespace: String,
     key: String,
 ) -> anyhow::Result<String> {
-    let record = lifecycle
+    let found = lifecycle
         .get(Namespace::parse(namespace)?, Key::parse(key)?)
         .await?;
-    Ok(describe_record(record.as_ref()))
+    Ok(match found {
+        Inspection::Live(record) => describe_record(Some(&record)),
+        Inspection::Remembered(marker) => describe_marker(&marker),
+        Inspection::Absent => describe_record(None),
+    })
+}
+
+/// A remembered key: what its marker keeps.
+pub fn describe_marker(marker: &Marker) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "state: remembered (completed; its result expired)
+",
+    );
+    let _ = writeln!(out, "fencing_token: {}", marker.fencing_token);
+    let _ = writeln!(out, "fingerprint: {}", hex(marker.fingerprint.as_ref()));
+    let _ = writeln!(out, "completed_at: {}", when(marker.completed_at));
+    let _ = writeln!(out, "expired_at: {}", when(marker.expired_at));
+    let _ = writeln!(out, "remembered_until: {}", when(marker.remembered_until));
+    out
+}
+
+fn hex(fingerprint: Option<&crate::domain::Fingerprint>) -> String {
+    fingerprint
+        .map(|f| f.as_bytes().iter().map(|b| format!("{b:02x}")).collect())
+        .unwrap_or_default()
 }
 
 pub fn describe_record(record: Option<&Record>) -> String {
@@ -67,12 +92,7 @@ pub fn describe_record(record: Option<&Record>) -> String {
     };
     let _ = writeln!(out, "state: {}", state_name(Some(record.state)));
     let _ = writeln!(out, "fencing_token: {}", record.fencing_token);
-    let fingerprint: String = record
-        .fingerprint
-        .as_ref()
-        .map(|f| f.as_bytes().iter().map(|b| format!("{b:02x}")).collect())
-        .unwrap_or_default();
-    let _ = writeln!(out, "fingerprint: {fingerprint}");
+    let _ = writeln!(out, "fingerprint: {}", hex(record.fingerprint.as_ref()));
     if let Some(response) = &record.response {
         let _ = writeln!(out, "response_bytes: {}", response.len());
         if let Ok(text) = std::str::from_utf8(response) {
@@ -98,19 +118,21 @@ pub async fn purge<S: Store>(
     let namespace = Namespace::parse(namespace)?;
     let key = Key::parse(key)?;
     let previous = lifecycle.purge(namespace.clone(), key.clone()).await?;
+    let was = match previous {
+        Some(Purged::Live(state)) => state_name(Some(state)),
+        Some(Purged::Remembered) => "remembered",
+        None => "absent",
+    };
     tracing::warn!(
         namespace = namespace.as_str(),
         key = key.as_str(),
-        previous_state = state_name(previous),
+        previous_state = was,
         reason,
         source = "command line",
         "key purged"
     );
     Ok(match previous {
-        Some(state) => format!(
-            "purged (was {}): the key is claimable again\n",
-            state_name(Some(state))
-        ),
+        Some(_) => format!("purged (was {was}): the key is claimable again\n"),
         None => "nothing to purge: no unexpired record\n".to_owned(),
     })
 }
@@ -129,6 +151,11 @@ pub fn describe_stats(stats: &StoreStats) -> String {
         stats.count(RecordState::Completed),
         stats.count(RecordState::Released),
         stats.expired
+    );
+    let _ = writeln!(
+        out,
+        "remembered keys (markers, no result): {}",
+        stats.remembered_total()
     );
     match stats.oldest_created_at {
         Some(t) => {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::domain::Limits;
+use crate::domain::{LateRetry, Limits, Remembering};
 use crate::store::StoreOptions;
 use crate::tls::{ClientAuth, TlsFiles};
 
@@ -206,6 +206,23 @@ pub struct Config {
     #[arg(long, env = "IDEMPOTENCY_MAX_WAITERS", default_value_t = 512)]
     pub max_waiters: usize,
 
+    /// How long after its Complete a key is remembered: once its result's
+    /// retention ends, a marker (fingerprint, fencing token, when it
+    /// completed; no response) is kept until then, so that a late retry is
+    /// answered by IDEMPOTENCY_LATE_RETRY instead of looking new, and the
+    /// fencing token goes on. A result whose retention reaches past it is
+    /// simply forgotten when it expires; "0s" turns remembering off. A
+    /// namespace may set its own in the policy file.
+    #[arg(long, env = "IDEMPOTENCY_REMEMBER_FOR", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub remember_for: Duration,
+
+    /// What a Claim of a remembered key does when it does not say
+    /// (ClaimRequest.late_retry): `reexecute` (claim it again with the next
+    /// fencing token, saying it completed before) or `refuse` (answer
+    /// OUTCOME_EXPIRED). A namespace may set its own in the policy file.
+    #[arg(long, env = "IDEMPOTENCY_LATE_RETRY", default_value = "reexecute", value_parser = parse_late_retry)]
+    pub late_retry: LateRetry,
+
     /// How often the reaper deletes expired records. Expired records are absent
     /// to every call at once; the reaper only reclaims their space.
     #[arg(long, env = "IDEMPOTENCY_REAPER_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
@@ -317,6 +334,10 @@ impl Config {
             max_checkpoint_bytes: self.max_checkpoint_bytes,
             max_wait: self.max_wait,
             max_waiters: self.max_waiters.min(self.max_concurrent_calls / 2),
+            remembering: Remembering {
+                remember_for: self.remember_for,
+                late_retry: self.late_retry,
+            },
         }
     }
 
@@ -472,6 +493,17 @@ impl Config {
             Some((_, message)) => anyhow::bail!("{message}"),
             None => Ok(()),
         }
+    }
+}
+
+/// A late-retry policy as the settings and the policy file write it.
+pub fn parse_late_retry(text: &str) -> Result<LateRetry, String> {
+    match text {
+        "reexecute" => Ok(LateRetry::Reexecute),
+        "refuse" => Ok(LateRetry::Refuse),
+        other => Err(format!(
+            "{other:?} is not a late-retry policy (reexecute or refuse)"
+        )),
     }
 }
 

@@ -195,6 +195,39 @@ pub struct Limits {
     pub max_wait: Duration,
     /// The most Claims that wait at once in this process.
     pub max_waiters: usize,
+    /// The server's remembering, for namespaces the policy file does not
+    /// name.
+    pub remembering: Remembering,
+}
+
+/// What a Claim of a remembered key does (a key whose completed result
+/// expired, before its horizon).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateRetry {
+    /// Claim it anew with the next fencing token, saying it completed
+    /// before.
+    Reexecute,
+    /// Answer that it expired, changing nothing.
+    Refuse,
+}
+
+/// How a namespace's keys are remembered past their result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remembering {
+    /// How long after its Complete a key is remembered (its horizon). Not
+    /// longer than the retention: nothing is remembered past the result.
+    pub remember_for: Duration,
+    /// What a Claim of a remembered key does when it does not say.
+    pub late_retry: LateRetry,
+}
+
+impl Remembering {
+    /// The server's default: a week, re-executed (see the README: what
+    /// callers saw before, with the fencing counter going on).
+    pub const DEFAULT: Remembering = Remembering {
+        remember_for: Duration::from_secs(7 * 24 * 3600),
+        late_retry: LateRetry::Reexecute,
+    };
 }
 
 /// The longest `wait` a Claim may ask for; anything above is a mistake.
@@ -211,6 +244,7 @@ impl Default for Limits {
             max_checkpoint_bytes: 64 * 1024,
             max_wait: Duration::from_secs(30),
             max_waiters: 512,
+            remembering: Remembering::DEFAULT,
         }
     }
 }
@@ -323,6 +357,13 @@ impl Checkpoint {
     }
 }
 
+/// What a Purge found: a live record (its state), or a remembered key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purged {
+    Live(RecordState),
+    Remembered,
+}
+
 /// One key's record as the store holds it. It may be expired: deciding what
 /// that means is the lifecycle's job, with the store's clock.
 #[derive(Debug, Clone)]
@@ -341,6 +382,9 @@ pub struct Record {
     pub updated_at: SystemTime,
     /// The last checkpoint saved since the key was last absent or completed.
     pub checkpoint: Option<Checkpoint>,
+    /// A completed record's horizon: until when its key is remembered once
+    /// `expires_at` passes. `None`: forgotten when it expires.
+    pub remember_until: Option<SystemTime>,
 }
 
 impl Record {
@@ -373,6 +417,39 @@ impl Snapshot {
         let now = self.now;
         self.record.filter(|r| !r.is_expired(now))
     }
+
+    /// The key's marker, when it is remembered: completed, its result
+    /// expired, its horizon not passed (whether or not the reaper has
+    /// dropped the result's bytes yet).
+    pub fn remembered(&self) -> Option<Marker> {
+        let record = self.record.as_ref()?;
+        let remembered_until = record.remember_until?;
+        (record.state == RecordState::Completed
+            && record.is_expired(self.now)
+            && remembered_until > self.now)
+            .then(|| Marker {
+                fencing_token: record.fencing_token,
+                fingerprint: record.fingerprint.clone(),
+                created_at: record.created_at,
+                completed_at: record.updated_at,
+                expired_at: record.expires_at,
+                remembered_until,
+            })
+    }
+}
+
+/// What is kept of a remembered key: no response, no checkpoint.
+#[derive(Debug, Clone)]
+pub struct Marker {
+    /// The last lease's fencing token; a re-execution gets the next one.
+    pub fencing_token: u64,
+    pub fingerprint: Option<Fingerprint>,
+    pub created_at: SystemTime,
+    pub completed_at: SystemTime,
+    /// When the result expired.
+    pub expired_at: SystemTime,
+    /// The horizon: after it the key is forgotten.
+    pub remembered_until: SystemTime,
 }
 
 /// A Claim as the store receives it: everything resolved, token generated
@@ -385,6 +462,8 @@ pub struct NewLease {
     pub lease_token: LeaseToken,
     pub lease_ttl: Duration,
     pub retention: Duration,
+    /// What this Claim does if the key is remembered.
+    pub late_retry: LateRetry,
 }
 
 /// A validated Complete, as the lifecycle and the store receive it.
@@ -396,6 +475,10 @@ pub struct Completion {
     pub response: Vec<u8>,
     /// `None`: the Claim's retention.
     pub retention: Option<Duration>,
+    /// How long after this Complete the key is remembered (the namespace's
+    /// `remember_for`); nothing is remembered when it is not longer than
+    /// the retention. Set by the lifecycle, not by callers.
+    pub remember_for: Option<Duration>,
 }
 
 /// What the store reports when a Claim won the key.
@@ -415,11 +498,13 @@ pub enum ClaimOutcome {
     /// Do the work, then Complete or Release. `took_over` says the key was
     /// taken from a claimant whose lease had expired (it died or was too slow);
     /// `retried` that the Claim repeated the current lease's token, and got
-    /// that lease back unchanged.
+    /// that lease back unchanged; `completed_before` that the key was
+    /// remembered (a late retry, re-executed), and when it completed.
     Claimed {
         lease: Lease,
         took_over: bool,
         retried: bool,
+        completed_before: Option<SystemTime>,
     },
     /// Someone else holds a live lease: try again after `retry_after`.
     InProgress {
@@ -434,6 +519,12 @@ pub enum ClaimOutcome {
     },
     /// The same identity arrived with a different payload: reject it.
     FingerprintMismatch,
+    /// The key is remembered and this Claim refuses late retries: the
+    /// effect happened at `completed_at`, and its result is gone.
+    Expired {
+        completed_at: SystemTime,
+        fencing_token: u64,
+    },
 }
 
 impl ClaimOutcome {
@@ -441,10 +532,15 @@ impl ClaimOutcome {
     pub fn name(&self) -> &'static str {
         match self {
             Self::Claimed { retried: true, .. } => "retried",
+            Self::Claimed {
+                completed_before: Some(_),
+                ..
+            } => "reexecuted",
             Self::Claimed { .. } => "claimed",
             Self::InProgress { .. } => "in_progress",
             Self::Completed { .. } => "completed",
             Self::FingerprintMismatch => "fingerprint_mismatch",
+            Self::Expired { .. } => "expired",
         }
     }
 }

@@ -6,6 +6,10 @@
 //! saved under a lease travel to the next holder with the Claim that takes
 //! the key over.
 //!
+//! A completed key stays remembered past its result's retention, until its
+//! namespace's horizon: a late retry of it is re-executed with the next
+//! fencing token, or refused, as the Claim or its namespace says.
+//!
 //! Each call is built from the store's atomic operations. The store's guarded
 //! statements decide every race; this module decides what a caller is told
 //! when a guarded statement did not apply (was the key gone, or held by
@@ -13,13 +17,14 @@
 //! read instead of a write. No tonic, no SQL.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::domain::{
-    ClaimOutcome, Fingerprint, Key, Lease, LeaseToken, Limits, Namespace, NewLease, Record,
-    RecordState, Snapshot,
+    ClaimOutcome, Fingerprint, Key, LateRetry, Lease, LeaseToken, Limits, Marker, Namespace,
+    NewLease, Purged, Record, RecordState, Remembering, Snapshot,
 };
-use crate::error::Error;
+use crate::error::{Error, Reason};
 use crate::metrics;
 use crate::store::{Announces, FirstClaim, Store};
 use crate::waiters::{POLL_EVERY, Waiters, Waiting};
@@ -41,6 +46,24 @@ pub struct ClaimRequest {
     /// The caller's own token for the lease (a retry-safe Claim); `None`: the
     /// server makes one.
     pub lease_token: Option<LeaseToken>,
+    /// What to do if the key is remembered; `None`: the namespace's policy.
+    pub late_retry: Option<LateRetry>,
+}
+
+/// Settings per namespace (the policy file's `[[namespace]]` entries): how
+/// its keys are remembered, given the server's default.
+pub trait NamespaceSettings: Send + Sync {
+    fn remembering(&self, namespace: &Namespace, default: Remembering) -> Remembering;
+}
+
+/// What Get found.
+#[derive(Debug)]
+pub enum Inspection {
+    /// An unexpired record.
+    Live(Record),
+    /// A remembered key: its result expired, its marker is kept.
+    Remembered(Marker),
+    Absent,
 }
 
 /// A validated Complete.
@@ -53,6 +76,7 @@ pub struct Lifecycle<S> {
     store: S,
     limits: Limits,
     waiters: Waiters,
+    namespaces: Option<Arc<dyn NamespaceSettings>>,
 }
 
 /// What a Claim that asked to wait answers, and how long it waited.
@@ -69,11 +93,35 @@ const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
 /// What a Claim should do after reading the key.
 enum Verdict {
     Answer(ClaimOutcome),
-    /// Try the guarded claim; `takeover` when the key is held under a lease
-    /// that has run out.
-    TryClaim {
-        takeover: bool,
-    },
+    /// Try the guarded statement that takes the key this way.
+    Take(Take),
+}
+
+/// How a Claim takes a key.
+#[derive(Debug, Clone, Copy)]
+enum Take {
+    /// Absent, expired or released: the guarded claim.
+    Free,
+    /// Held under a lease that ran out: the guarded claim, a takeover.
+    Over,
+    /// Remembered, and re-executed: the guarded re-claim of the marker (the
+    /// key completed at this time).
+    Late(SystemTime),
+}
+
+impl Take {
+    /// The answer of a Claim that took the key this way.
+    fn claimed(self, lease: Lease) -> ClaimOutcome {
+        ClaimOutcome::Claimed {
+            lease,
+            took_over: matches!(self, Take::Over),
+            retried: false,
+            completed_before: match self {
+                Take::Late(completed_at) => Some(completed_at),
+                _ => None,
+            },
+        }
+    }
 }
 
 impl<S: Store> Lifecycle<S> {
@@ -83,6 +131,23 @@ impl<S: Store> Lifecycle<S> {
             store,
             limits,
             waiters,
+            namespaces: None,
+        }
+    }
+
+    /// The same lifecycle with settings per namespace.
+    pub fn with_namespaces(mut self, namespaces: Arc<dyn NamespaceSettings>) -> Self {
+        self.namespaces = Some(namespaces);
+        self
+    }
+
+    /// How a namespace's keys are remembered: its own settings, else the
+    /// server's.
+    fn remembering(&self, namespace: &Namespace) -> Remembering {
+        let default = self.limits.remembering;
+        match &self.namespaces {
+            Some(settings) => settings.remembering(namespace, default),
+            None => default,
         }
     }
 
@@ -99,6 +164,9 @@ impl<S: Store> Lifecycle<S> {
 
     /// The store's new lease for a Claim, with the limits applied.
     fn new_lease(&self, request: ClaimRequest) -> Result<NewLease, Error> {
+        let late_retry = request
+            .late_retry
+            .unwrap_or_else(|| self.remembering(&request.namespace).late_retry);
         Ok(NewLease {
             lease_ttl: self.limits.lease_ttl(request.lease_ttl)?,
             retention: self.limits.claim_retention(request.retention)?,
@@ -106,7 +174,16 @@ impl<S: Store> Lifecycle<S> {
             key: request.key,
             fingerprint: request.fingerprint,
             lease_token: request.lease_token.unwrap_or_else(LeaseToken::generate),
+            late_retry,
         })
+    }
+
+    /// The guarded statement that takes the key the way the read said.
+    async fn take(&self, lease: &NewLease, take: Take) -> Result<Option<Lease>, Error> {
+        match take {
+            Take::Late(_) => self.store.reclaim(lease).await,
+            Take::Free | Take::Over => self.store.try_claim(lease).await,
+        }
     }
 
     /// A Claim that may wait up to `wait` (already within the server's
@@ -145,6 +222,7 @@ impl<S: Store> Lifecycle<S> {
             Ok(ClaimOutcome::Completed { .. }) => "completed",
             Ok(ClaimOutcome::Claimed { .. }) => "claimed",
             Ok(ClaimOutcome::FingerprintMismatch) => "fingerprint_mismatch",
+            Ok(ClaimOutcome::Expired { .. }) => "expired",
             Ok(ClaimOutcome::InProgress { .. }) if self.waiters.is_stopping() => "shutdown",
             Ok(ClaimOutcome::InProgress { .. }) => "timed_out",
             Err(_) => "error",
@@ -227,7 +305,7 @@ impl<S: Store> Lifecycle<S> {
                     }
                 }
                 Verdict::Answer(outcome) => return Ok(outcome),
-                Verdict::TryClaim { takeover } => {
+                Verdict::Take(take) => {
                     let turn = slot.turn().await;
                     // Another waiter here took its turn meanwhile: read again.
                     if slot.woken_at() > read_at {
@@ -235,15 +313,11 @@ impl<S: Store> Lifecycle<S> {
                         cause = "woken";
                         continue;
                     }
-                    let won = self.store.try_claim(lease).await;
+                    let won = self.take(lease, take).await;
                     slot.changed();
                     drop(turn);
                     if let Some(lease) = won? {
-                        return Ok(ClaimOutcome::Claimed {
-                            lease,
-                            took_over: takeover,
-                            retried: false,
-                        });
+                        return Ok(take.claimed(lease));
                     }
                     not_before = Some(slot.woken_at());
                     cause = "lost";
@@ -261,13 +335,7 @@ impl<S: Store> Lifecycle<S> {
         let mut first = Some(self.store.claim_or_fetch(&new_lease).await?);
         for _ in 0..CLAIM_ROUNDS {
             let snapshot = match first.take() {
-                Some(FirstClaim::Inserted(lease)) => {
-                    return Ok(ClaimOutcome::Claimed {
-                        lease,
-                        took_over: false,
-                        retried: false,
-                    });
-                }
+                Some(FirstClaim::Inserted(lease)) => return Ok(Take::Free.claimed(lease)),
                 Some(FirstClaim::Found(snapshot)) => snapshot,
                 Some(FirstClaim::Raced) | None => {
                     self.store
@@ -277,13 +345,9 @@ impl<S: Store> Lifecycle<S> {
             };
             match judge(snapshot, &new_lease) {
                 Verdict::Answer(outcome) => return Ok(outcome),
-                Verdict::TryClaim { takeover } => {
-                    if let Some(lease) = self.store.try_claim(&new_lease).await? {
-                        return Ok(ClaimOutcome::Claimed {
-                            lease,
-                            took_over: takeover,
-                            retried: false,
-                        });
+                Verdict::Take(take) => {
+                    if let Some(lease) = self.take(&new_lease, take).await? {
+                        return Ok(take.claimed(lease));
                     }
                 }
             }
@@ -304,6 +368,7 @@ impl<S: Store> Lifecycle<S> {
                 &request.lease_token,
                 &request.response,
                 request.retention,
+                request.remember_for,
             )
             .await?
         {
@@ -315,9 +380,12 @@ impl<S: Store> Lifecycle<S> {
     }
 
     /// Checks what the limits say about a Complete (its retention, its size).
+    /// The namespace's `remember_for` is set here.
     fn validate_completion(&self, mut request: CompleteRequest) -> Result<CompleteRequest, Error> {
         request.retention = self.limits.complete_retention(request.retention)?;
         request.response = self.limits.response(request.response)?;
+        let remember_for = self.remembering(&request.namespace).remember_for;
+        request.remember_for = (!remember_for.is_zero()).then_some(remember_for);
         Ok(request)
     }
 
@@ -329,23 +397,11 @@ impl<S: Store> Lifecycle<S> {
         &self,
         requests: Vec<ClaimRequest>,
     ) -> Result<Vec<ClaimOutcome>, Error> {
-        let mut leases = Vec::with_capacity(requests.len());
-        for (i, request) in requests.into_iter().enumerate() {
-            leases.push(NewLease {
-                lease_ttl: self
-                    .limits
-                    .lease_ttl(request.lease_ttl)
-                    .map_err(|e| e.at_item(i))?,
-                retention: self
-                    .limits
-                    .claim_retention(request.retention)
-                    .map_err(|e| e.at_item(i))?,
-                namespace: request.namespace,
-                key: request.key,
-                fingerprint: request.fingerprint,
-                lease_token: request.lease_token.unwrap_or_else(LeaseToken::generate),
-            });
-        }
+        let leases = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, request)| self.new_lease(request).map_err(|e| e.at_item(i)))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; leases.len()];
         // Round one: one step inserts every absent key and reads the others.
         // A key named again waits for the next round, which reads the lease
@@ -363,13 +419,7 @@ impl<S: Store> Lifecycle<S> {
         let mut read = Vec::new();
         for (&i, result) in firsts.iter().zip(first) {
             match result {
-                FirstClaim::Inserted(lease) => {
-                    outcomes[i] = Some(ClaimOutcome::Claimed {
-                        lease,
-                        took_over: false,
-                        retried: false,
-                    })
-                }
+                FirstClaim::Inserted(lease) => outcomes[i] = Some(Take::Free.claimed(lease)),
                 FirstClaim::Found(snapshot) => read.push((i, snapshot)),
                 FirstClaim::Raced => again.push(i),
             }
@@ -404,18 +454,28 @@ impl<S: Store> Lifecycle<S> {
         outcomes: &mut [Option<ClaimOutcome>],
     ) -> Result<Vec<usize>, Error> {
         let mut attempts = Vec::new();
+        let mut late = Vec::new();
         let mut again = Vec::new();
         let mut trying = HashSet::new();
         for (i, snapshot) in read {
             match judge(snapshot, &leases[i]) {
                 Verdict::Answer(outcome) => outcomes[i] = Some(outcome),
-                Verdict::TryClaim { takeover } => {
-                    if trying.insert((&leases[i].namespace, &leases[i].key)) {
-                        attempts.push((i, takeover));
-                    } else {
+                Verdict::Take(take) => {
+                    if !trying.insert((&leases[i].namespace, &leases[i].key)) {
                         again.push(i);
+                    } else if matches!(take, Take::Late(_)) {
+                        late.push((i, take));
+                    } else {
+                        attempts.push((i, take));
                     }
                 }
+            }
+        }
+        // Late retries are rare: each is re-claimed on its own.
+        for (i, take) in late {
+            match self.take(&leases[i], take).await? {
+                Some(lease) => outcomes[i] = Some(take.claimed(lease)),
+                None => again.push(i),
             }
         }
         if attempts.is_empty() {
@@ -423,15 +483,9 @@ impl<S: Store> Lifecycle<S> {
         }
         let tried: Vec<NewLease> = attempts.iter().map(|&(i, _)| leases[i].clone()).collect();
         let won = self.store.try_claim_many(&tried).await?;
-        for ((i, takeover), lease) in attempts.into_iter().zip(won) {
+        for ((i, take), lease) in attempts.into_iter().zip(won) {
             match lease {
-                Some(lease) => {
-                    outcomes[i] = Some(ClaimOutcome::Claimed {
-                        lease,
-                        took_over: takeover,
-                        retried: false,
-                    })
-                }
+                Some(lease) => outcomes[i] = Some(take.claimed(lease)),
                 None => again.push(i),
             }
         }
@@ -503,11 +557,10 @@ impl<S: Store> Lifecycle<S> {
         match record.state {
             RecordState::Released if record.lease_token == Some(token) => Ok(()),
             RecordState::Completed => Err(Error::LeaseMismatch(
+                Reason::KeyCompleted,
                 "the key is completed; a completed key cannot be released",
             )),
-            _ => Err(Error::LeaseMismatch(
-                "lease_token is not the key's current lease",
-            )),
+            _ => Err(Error::lease_lost()),
         }
     }
 
@@ -531,20 +584,23 @@ impl<S: Store> Lifecycle<S> {
             return Ok(lease_expires_at);
         }
         let record = self.live_record(&namespace, &key).await?;
-        Err(Error::LeaseMismatch(match record.state {
-            RecordState::InProgress => "lease_token is not the key's current lease",
-            RecordState::Completed => "the key is completed; its lease cannot be extended",
-            RecordState::Released => "the lease was released; claim the key again",
-        }))
+        Err(match record.state {
+            RecordState::InProgress => Error::lease_lost(),
+            RecordState::Completed => Error::LeaseMismatch(
+                Reason::KeyCompleted,
+                "the key is completed; its lease cannot be extended",
+            ),
+            RecordState::Released => Error::LeaseMismatch(
+                Reason::LeaseReleased,
+                "the lease was released; claim the key again",
+            ),
+        })
     }
 
-    /// Purge: make the key claimable again at once (an operator's action).
-    /// Returns the state the record had, `None` when there was none.
-    pub async fn purge(
-        &self,
-        namespace: Namespace,
-        key: Key,
-    ) -> Result<Option<RecordState>, Error> {
+    /// Purge: make the key claimable again at once (an operator's action),
+    /// a remembered one too, whatever its late-retry policy. Returns what
+    /// there was, `None` when there was nothing.
+    pub async fn purge(&self, namespace: Namespace, key: Key) -> Result<Option<Purged>, Error> {
         let purged = self.store.purge(&namespace, &key).await?;
         if purged.is_some() {
             self.waiters.wake(&namespace, &key);
@@ -552,17 +608,17 @@ impl<S: Store> Lifecycle<S> {
         Ok(purged)
     }
 
-    /// Get: the record if it is unexpired, else `None` (absent).
-    pub async fn get(&self, namespace: Namespace, key: Key) -> Result<Option<Record>, Error> {
-        Ok(self.store.fetch(&namespace, &key).await?.live())
+    /// Get: the record if it is unexpired, the marker if it is remembered.
+    pub async fn get(&self, namespace: Namespace, key: Key) -> Result<Inspection, Error> {
+        let snapshot = self.store.fetch(&namespace, &key).await?;
+        if let Some(marker) = snapshot.remembered() {
+            return Ok(Inspection::Remembered(marker));
+        }
+        Ok(snapshot.live().map_or(Inspection::Absent, Inspection::Live))
     }
 
     async fn live_record(&self, namespace: &Namespace, key: &Key) -> Result<Record, Error> {
-        self.store
-            .fetch(namespace, key)
-            .await?
-            .live()
-            .ok_or(Error::NotFound)
+        live_or_gone(self.store.fetch(namespace, key).await?)
     }
 }
 
@@ -587,19 +643,31 @@ fn still_in_progress(
 /// Complete of the same lease is OK (with the stored expiry); anything else is
 /// an error naming what happened to the lease.
 fn why_not_completed(snapshot: Snapshot, token: LeaseToken) -> Result<SystemTime, Error> {
-    let record = snapshot.live().ok_or(Error::NotFound)?;
+    let record = live_or_gone(snapshot)?;
     match record.state {
         RecordState::Completed if record.lease_token == Some(token) => Ok(record.expires_at),
         RecordState::Completed => Err(Error::LeaseMismatch(
+            Reason::KeyCompleted,
             "the key was completed under another lease",
         )),
         RecordState::Released if record.lease_token == Some(token) => Err(Error::LeaseMismatch(
+            Reason::LeaseReleased,
             "the lease was released; claim the key again",
         )),
-        _ => Err(Error::LeaseMismatch(
-            "lease_token is not the key's current lease",
-        )),
+        _ => Err(Error::lease_lost()),
     }
+}
+
+/// The unexpired record, else why there is none: NOT_FOUND, or KEY_EXPIRED
+/// for a remembered key.
+fn live_or_gone(snapshot: Snapshot) -> Result<Record, Error> {
+    if let Some(marker) = snapshot.remembered() {
+        return Err(Error::KeyExpired {
+            completed_at: marker.completed_at,
+            remembered_until: marker.remembered_until,
+        });
+    }
+    snapshot.live().ok_or(Error::NotFound)
 }
 
 /// Decides a Claim from a read of the key. Anything that would change the
@@ -608,8 +676,25 @@ fn why_not_completed(snapshot: Snapshot, token: LeaseToken) -> Result<SystemTime
 /// Claim) and is answered as it stands: nothing needs writing.
 fn judge(snapshot: Snapshot, offered: &NewLease) -> Verdict {
     let now = snapshot.now;
+    if let Some(marker) = snapshot.remembered() {
+        return match offered.late_retry {
+            LateRetry::Reexecute => Verdict::Take(Take::Late(marker.completed_at)),
+            LateRetry::Refuse
+                if Fingerprint::conflicts(
+                    marker.fingerprint.as_ref(),
+                    offered.fingerprint.as_ref(),
+                ) =>
+            {
+                Verdict::Answer(ClaimOutcome::FingerprintMismatch)
+            }
+            LateRetry::Refuse => Verdict::Answer(ClaimOutcome::Expired {
+                completed_at: marker.completed_at,
+                fencing_token: marker.fencing_token,
+            }),
+        };
+    }
     let Some(record) = snapshot.live() else {
-        return Verdict::TryClaim { takeover: false };
+        return Verdict::Take(Take::Free);
     };
     if Fingerprint::conflicts(record.fingerprint.as_ref(), offered.fingerprint.as_ref()) {
         return Verdict::Answer(ClaimOutcome::FingerprintMismatch);
@@ -633,6 +718,7 @@ fn judge(snapshot: Snapshot, offered: &NewLease) -> Verdict {
                     },
                     took_over: false,
                     retried: true,
+                    completed_before: None,
                 })
             }
             Some(lease_expires_at) if lease_expires_at > now => {
@@ -642,9 +728,9 @@ fn judge(snapshot: Snapshot, offered: &NewLease) -> Verdict {
                     expires_at: record.expires_at,
                 })
             }
-            _ => Verdict::TryClaim { takeover: true },
+            _ => Verdict::Take(Take::Over),
         },
-        RecordState::Released => Verdict::TryClaim { takeover: false },
+        RecordState::Released => Verdict::Take(Take::Free),
     }
 }
 
@@ -672,6 +758,7 @@ mod tests {
             created_at: now,
             updated_at: now,
             checkpoint: None,
+            remember_until: None,
         }
     }
 
@@ -695,6 +782,7 @@ mod tests {
             lease_token: LeaseToken::generate(),
             lease_ttl: Duration::from_secs(30),
             retention: Duration::from_secs(60),
+            late_retry: LateRetry::Reexecute,
         }
     }
 
@@ -719,14 +807,14 @@ mod tests {
                 snapshot(record(RecordState::InProgress, None, -1)),
                 &offer(None)
             ),
-            Verdict::TryClaim { takeover: true }
+            Verdict::Take(Take::Over)
         ));
         assert!(matches!(
             judge(
                 snapshot(record(RecordState::Released, None, 0)),
                 &offer(None)
             ),
-            Verdict::TryClaim { takeover: false }
+            Verdict::Take(Take::Free)
         ));
     }
 
@@ -751,7 +839,7 @@ mod tests {
         expired.expires_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         assert!(matches!(
             judge(snapshot(expired), &offer(fp(b"b"))),
-            Verdict::TryClaim { takeover: false }
+            Verdict::Take(Take::Free)
         ));
     }
 
@@ -765,6 +853,7 @@ mod tests {
                 lease,
                 took_over: false,
                 retried: true,
+                completed_before: None,
             }) => {
                 assert_eq!(lease.fencing_token, 3);
                 assert_eq!(Some(lease.lease_expires_at), held.lease_expires_at);
@@ -777,7 +866,57 @@ mod tests {
         expired.lease_token = Some(retry.lease_token);
         assert!(matches!(
             judge(snapshot(expired), &retry),
-            Verdict::TryClaim { takeover: true }
+            Verdict::Take(Take::Over)
         ));
+    }
+
+    /// A completed record whose result expired a second ago, remembered
+    /// for `left` seconds more (none when `left` is `None`).
+    fn expired_completed(fingerprint: Option<&[u8]>, left: Option<u64>) -> Snapshot {
+        let mut late = record(RecordState::Completed, fingerprint, 0);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        late.expires_at = now - Duration::from_secs(1);
+        late.updated_at = now - Duration::from_secs(61);
+        late.remember_until = left.map(|left| now + Duration::from_secs(left));
+        snapshot(late)
+    }
+
+    #[test]
+    fn a_remembered_key_is_re_executed_or_refused_as_the_claim_says() {
+        let completed_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000 - 61);
+        match judge(expired_completed(Some(b"a"), Some(10)), &offer(fp(b"a"))) {
+            Verdict::Take(Take::Late(at)) => assert_eq!(at, completed_at),
+            _ => panic!("expected a re-execution"),
+        }
+        let mut refuse = offer(fp(b"a"));
+        refuse.late_retry = LateRetry::Refuse;
+        match judge(expired_completed(Some(b"a"), Some(10)), &refuse) {
+            Verdict::Answer(ClaimOutcome::Expired {
+                completed_at: at,
+                fencing_token: 3,
+            }) => assert_eq!(at, completed_at),
+            _ => panic!("expected expired"),
+        }
+        // Refused with another payload: the mismatch says more.
+        refuse.fingerprint = fp(b"b");
+        assert!(matches!(
+            judge(expired_completed(Some(b"a"), Some(10)), &refuse),
+            Verdict::Answer(ClaimOutcome::FingerprintMismatch)
+        ));
+        // Past the horizon, or never remembered: absent.
+        for left in [None, Some(0)] {
+            assert!(matches!(
+                judge(expired_completed(Some(b"a"), left), &refuse),
+                Verdict::Take(Take::Free)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_call_on_a_remembered_key_says_key_expired() {
+        let error = live_or_gone(expired_completed(None, Some(10))).unwrap_err();
+        assert_eq!(error.reason(), Reason::KeyExpired);
+        let error = live_or_gone(expired_completed(None, None)).unwrap_err();
+        assert_eq!(error.reason(), Reason::NotFound);
     }
 }

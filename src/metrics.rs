@@ -19,9 +19,10 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::{Namespace, RecordState};
+use crate::error::Reason;
 use crate::listen;
 use crate::store::cache::CacheStats;
-use crate::store::{Store, StoreStats};
+use crate::store::{Reaped, Store, StoreStats};
 
 /// Seconds; from half a millisecond (a replay on a warm pool) to the
 /// database timeout.
@@ -97,7 +98,11 @@ fn describe() {
     );
     describe_counter!(
         "idempotency_claims_total",
-        "Claim outcomes: claimed, retried (a retried Claim got its own lease back), in_progress, completed (a replay), fingerprint_mismatch."
+        "Claim outcomes: claimed, retried (a retried Claim got its own lease back), reexecuted (a remembered key claimed again: a late retry), in_progress, completed (a replay), fingerprint_mismatch, expired (a remembered key refused as late)."
+    );
+    describe_counter!(
+        "idempotency_errors_total",
+        "Calls that failed, by method and the stable reason of their ErrorInfo (LEASE_LOST, STORE_UNAVAILABLE, RATE_LIMITED, ...)."
     );
     describe_counter!(
         "idempotency_lease_takeovers_total",
@@ -134,7 +139,11 @@ fn describe() {
     );
     describe_counter!(
         "idempotency_reaper_deleted_total",
-        "Expired records the reaper deleted."
+        "Expired records the reaper deleted (markers past their horizon included)."
+    );
+    describe_counter!(
+        "idempotency_reaper_remembered_total",
+        "Expired completed records the reaper turned into markers of remembered keys (their response dropped)."
     );
     describe_gauge!(
         "idempotency_records",
@@ -234,6 +243,8 @@ pub struct CallRecord<'a> {
     pub claim_outcome: Option<&'static str>,
     pub took_over: bool,
     pub lease_lost: bool,
+    /// The error's stable reason, for a call that failed.
+    pub reason: Option<Reason>,
 }
 
 /// The label set of one kind of finished call.
@@ -347,6 +358,10 @@ pub fn record_call(labels: &NamespaceLabels, call: CallRecord<'_>) {
     if call.lease_lost {
         handles.lease_lost().increment(1);
     }
+    if let Some(reason) = call.reason {
+        counter!("idempotency_errors_total", "method" => call.method, "reason" => reason.as_str())
+            .increment(1);
+    }
 }
 
 pub fn record_tls_handshake_failure() {
@@ -357,11 +372,12 @@ pub fn record_purge() {
     counter!("idempotency_purges_total").increment(1);
 }
 
-pub fn record_reaper_run(result: Result<u64, ()>) {
+pub fn record_reaper_run(result: Result<Reaped, ()>) {
     match result {
-        Ok(deleted) => {
+        Ok(reaped) => {
             counter!("idempotency_reaper_runs_total", "result" => "ok").increment(1);
-            counter!("idempotency_reaper_deleted_total").increment(deleted);
+            counter!("idempotency_reaper_deleted_total").increment(reaped.deleted);
+            counter!("idempotency_reaper_remembered_total").increment(reaped.remembered);
         }
         Err(()) => counter!("idempotency_reaper_runs_total", "result" => "error").increment(1),
     }
@@ -411,6 +427,7 @@ fn record_stats(stats: &StoreStats) {
         gauge!("idempotency_records", "state" => state_label(state)).set(stats.count(state) as f64);
     }
     gauge!("idempotency_records", "state" => "expired").set(stats.expired as f64);
+    gauge!("idempotency_records", "state" => "remembered").set(stats.remembered_total() as f64);
     gauge!("idempotency_reaper_lag_seconds").set(stats.reaper_lag().as_secs_f64());
 }
 

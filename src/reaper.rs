@@ -1,7 +1,11 @@
-//! The reaper: deletes expired records in bounded batches, on an interval.
+//! The reaper: in bounded batches, on an interval, turns expired completed
+//! records that are remembered into markers (their response dropped) and
+//! deletes the other expired records and the markers past their horizon.
 //!
 //! Expired records are already absent to every call (each call compares
-//! `expires_at` with the store's clock); the reaper only gives their space back.
+//! `expires_at` with the store's clock), and a remembered record is a marker
+//! to every call whether or not the reaper has reached it; the reaper only
+//! gives their space back.
 //! It is safe to run on every replica at once: the store's delete skips rows
 //! another replica is deleting.
 //!
@@ -17,7 +21,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
+use crate::store::{Reaped, Store};
 
 /// The longest rest between two batches, whatever the last one took.
 const MAX_REST: Duration = Duration::from_secs(1);
@@ -25,7 +29,7 @@ const MAX_REST: Duration = Duration::from_secs(1);
 /// What one run did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Run {
-    pub deleted: u64,
+    pub reaped: Reaped,
     /// False when the run stopped at its time budget with full batches still
     /// coming: the next run should start at once.
     pub caught_up: bool,
@@ -40,26 +44,27 @@ pub async fn reap_once<S: Store>(
     stop: &CancellationToken,
 ) -> Result<Run, crate::error::Error> {
     let until = Instant::now() + budget;
-    let mut deleted = 0;
+    let mut reaped = Reaped::default();
     loop {
         let started = Instant::now();
         let batch = store.reap_expired(batch_size).await?;
-        deleted += batch;
-        if batch < u64::from(batch_size) {
+        reaped.remembered += batch.remembered;
+        reaped.deleted += batch.deleted;
+        if batch.total() < u64::from(batch_size) {
             return Ok(Run {
-                deleted,
+                reaped,
                 caught_up: true,
             });
         }
         let rest = started.elapsed().min(MAX_REST);
         if Instant::now() + rest >= until || stop.is_cancelled() {
             return Ok(Run {
-                deleted,
+                reaped,
                 caught_up: false,
             });
         }
         tokio::select! {
-            () = stop.cancelled() => return Ok(Run { deleted, caught_up: false }),
+            () = stop.cancelled() => return Ok(Run { reaped, caught_up: false }),
             () = tokio::time::sleep(rest) => {}
         }
     }
@@ -80,16 +85,17 @@ pub async fn run<S: Store>(store: S, interval: Duration, batch_size: u32, stop: 
             return;
         }
         let result = reap_once(&store, batch_size, interval, &stop).await;
-        crate::metrics::record_reaper_run(result.as_ref().map(|r| r.deleted).map_err(|_| ()));
+        crate::metrics::record_reaper_run(result.as_ref().map(|r| r.reaped).map_err(|_| ()));
         behind = false;
         match result {
             Ok(run) => {
                 behind = !run.caught_up;
-                if run.deleted > 0 {
+                if run.reaped.total() > 0 {
                     tracing::info!(
-                        deleted = run.deleted,
+                        deleted = run.reaped.deleted,
+                        remembered = run.reaped.remembered,
                         caught_up = run.caught_up,
-                        "reaper deleted expired records"
+                        "reaper deleted expired records and kept markers of remembered keys"
                     );
                 }
             }
@@ -126,6 +132,7 @@ mod tests {
                 lease_token: LeaseToken::generate(),
                 lease_ttl: Duration::from_millis(1),
                 retention: Duration::from_millis(1),
+                late_retry: crate::domain::LateRetry::Reexecute,
             };
             assert!(store.try_claim(&lease).await.unwrap().is_some());
         }
@@ -143,7 +150,10 @@ mod tests {
         assert_eq!(
             run,
             Run {
-                deleted: 25,
+                reaped: Reaped {
+                    remembered: 0,
+                    deleted: 25
+                },
                 caught_up: true
             }
         );
@@ -157,14 +167,17 @@ mod tests {
         assert_eq!(
             run,
             Run {
-                deleted: 10,
+                reaped: Reaped {
+                    remembered: 0,
+                    deleted: 10
+                },
                 caught_up: false
             }
         );
         let rest = reap_once(&store, 10, Duration::from_secs(60), &stop)
             .await
             .unwrap();
-        assert_eq!(rest.deleted, 15);
+        assert_eq!(rest.reaped.deleted, 15);
         assert!(rest.caught_up);
     }
 }

@@ -245,13 +245,16 @@ async fn serve<S: Store>(
     };
     security.watch(config.reload_interval, &background);
     let labels = NamespaceLabels::new(&config.metrics_namespaces);
+    let mut lifecycle = Lifecycle::new(store.clone(), config.limits());
+    if let Access::Policy(policy) = &security.access {
+        lifecycle = lifecycle.with_namespaces(policy.clone());
+    }
     let guard = GuardLayer::new(
         security.access,
         config.max_concurrent_calls,
         config.call_timeout,
         labels.clone(),
     );
-    let lifecycle = Lifecycle::new(store.clone(), config.limits());
     let waiters = lifecycle.waiters().clone();
     // Waiting Claims hear other replicas' Completes, Releases and Purges on
     // the store's feed (PostgreSQL); a store without one announces only what

@@ -57,6 +57,12 @@ support::conformance!(
     wait::a_wait_ends_before_the_calls_deadline_with_in_progress,
     wait::shutdown_answers_waiters_in_progress_at_once,
     wait::without_wait_or_retried_a_claim_answers_at_once_and_bad_waits_are_refused,
+    remembered::a_late_retry_is_re_executed_with_the_next_fencing_token_by_default,
+    remembered::a_late_retry_is_refused_as_the_claim_or_the_server_says_across_replicas,
+    remembered::calls_on_a_remembered_key_answer_key_expired,
+    remembered::purge_makes_a_remembered_key_claimable_whatever_its_policy,
+    remembered::the_reaper_makes_markers_then_forgets_them_at_the_horizon,
+    errors::every_refusal_names_its_reason_in_error_info,
 );
 
 mod common;
@@ -75,6 +81,8 @@ mod claim;
 mod complete;
 #[path = "conformance/concurrency.rs"]
 mod concurrency;
+#[path = "conformance/errors.rs"]
+mod errors;
 #[path = "conformance/expiry.rs"]
 mod expiry;
 #[path = "conformance/extend.rs"]
@@ -87,6 +95,8 @@ mod health;
 mod purge;
 #[path = "conformance/release.rs"]
 mod release;
+#[path = "conformance/remembered.rs"]
+mod remembered;
 #[path = "conformance/retry_safe.rs"]
 mod retry_safe;
 #[path = "conformance/wait.rs"]

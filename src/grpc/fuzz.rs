@@ -154,6 +154,7 @@ proptest! {
             retention: Some(prost_types::Duration { seconds: 3600, nanos: 0 }),
             lease_token: "fedcba9876543210fedcba9876543210".into(),
             wait: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
+            late_retry: proto::LateRetry::Refuse as i32,
         };
         let complete = proto::CompleteRequest {
             namespace: "orders".into(),
@@ -201,6 +202,7 @@ proptest! {
             retention,
             lease_token: lease_token.clone(),
             wait: None,
+            late_retry: 0,
         };
         let identifier_ok = |s: &str, max: usize| !s.is_empty() && s.len() <= max && !s.contains('\0');
         let duration_ok = |d: &Option<prost_types::Duration>| {

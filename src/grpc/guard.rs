@@ -25,12 +25,16 @@ use tonic::body::Body;
 use tower::{Layer, Service};
 
 use crate::access::{self, Credentials, Identity, Policy};
-use crate::error::Error;
+use crate::error::{Error, Reason};
 use crate::grpc::proto::SERVICE_NAME;
 use crate::grpc::status::{self, code_name};
 use crate::metrics::{self, CallRecord, NamespaceLabels};
 use crate::reload::Reloading;
 use crate::tls::PeerInfo;
+
+/// How long a caller refused for too many calls in flight should wait: a
+/// typical call's time, after which slots are free again.
+const OVERLOADED_RETRY_DELAY: Duration = Duration::from_millis(50);
 
 /// When the call must have answered (the caller's `grpc-timeout`, at most
 /// the server's call timeout), put into each admitted call's extensions: a
@@ -184,9 +188,11 @@ impl State {
     ) -> Result<OwnedSemaphorePermit, (Error, Option<String>)> {
         let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| {
             (
-                Error::ResourceExhausted(
-                    "the server has too many calls in flight; retry with backoff",
-                ),
+                Error::ResourceExhausted {
+                    reason: Reason::Overloaded,
+                    message: "the server has too many calls in flight; retry with backoff",
+                    retry_after: OVERLOADED_RETRY_DELAY,
+                },
                 None,
             )
         })?;
@@ -228,7 +234,8 @@ impl State {
             method,
             identity,
             outcome = code,
-            reason = %error,
+            reason = error.reason().as_str(),
+            message = %error,
             "call refused"
         );
         metrics::record_call(
@@ -241,6 +248,7 @@ impl State {
                 claim_outcome: None,
                 took_over: false,
                 lease_lost: false,
+                reason: Some(error.reason()),
             },
         );
         status::to_status(error).into_http()

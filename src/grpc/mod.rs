@@ -24,9 +24,11 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use self::guard::{CallDeadline, Caller};
-use crate::domain::{ClaimOutcome, Fingerprint, Key, LeaseToken, Namespace, Record, RecordState};
+use crate::domain::{
+    ClaimOutcome, Fingerprint, Key, LateRetry, LeaseToken, Namespace, Purged, RecordState,
+};
 use crate::error::Error;
-use crate::lifecycle::{self, Lifecycle};
+use crate::lifecycle::{self, Inspection, Lifecycle};
 use crate::metrics::{self, CallRecord, NamespaceLabels};
 use crate::store::Store;
 
@@ -159,12 +161,14 @@ impl CallLog {
                 (code, code)
             }
         };
-        let lease_lost = matches!(result, Err(Error::LeaseMismatch(_)));
+        let lease_lost = matches!(result, Err(Error::LeaseMismatch(..)));
+        let reason = result.as_ref().err().map(Error::reason);
         tracing::info!(
             method = self.method,
             namespace = self.namespace.as_ref().map_or("", Namespace::as_str),
             identity = self.caller.name(),
             outcome,
+            reason = reason.map(|r| r.as_str()),
             fencing_token = self.fencing_token,
             request_id = self.request_id.as_deref(),
             latency_us = latency.as_micros() as u64,
@@ -180,6 +184,7 @@ impl CallLog {
                 claim_outcome: (self.method == "Claim" && code == "ok").then_some(outcome),
                 took_over: self.took_over,
                 lease_lost,
+                reason,
             },
         );
         result
@@ -247,7 +252,21 @@ fn parse_claim(request: proto::ClaimRequest) -> Result<lifecycle::ClaimRequest, 
             "" => None,
             token => Some(LeaseToken::parse(token)?),
         },
+        late_retry: late_retry(request.late_retry)?,
     })
+}
+
+/// A Claim's late-retry policy; unspecified: the namespace's.
+fn late_retry(value: i32) -> Result<Option<LateRetry>, Error> {
+    match proto::LateRetry::try_from(value) {
+        Ok(proto::LateRetry::Unspecified) => Ok(None),
+        Ok(proto::LateRetry::Reexecute) => Ok(Some(LateRetry::Reexecute)),
+        Ok(proto::LateRetry::Refuse) => Ok(Some(LateRetry::Refuse)),
+        Err(_) => Err(Error::invalid(
+            "late_retry",
+            format!("{value} is not a LateRetry value"),
+        )),
+    }
 }
 
 /// A ClaimBatch item: a Claim that does not wait (a batch answers at once).
@@ -286,6 +305,7 @@ fn parse_complete(request: proto::CompleteRequest) -> Result<lifecycle::Complete
         lease_token: LeaseToken::parse(&request.lease_token)?,
         response: request.response,
         retention: duration("retention", request.retention)?,
+        remember_for: None,
     })
 }
 
@@ -310,22 +330,26 @@ fn complete_result(result: Result<SystemTime, Error>) -> proto::CompleteResult {
             code: tonic::Code::Ok as i32,
             message: String::new(),
             expires_at: timestamp(expires_at),
+            reason: String::new(),
         },
-        Err(error) => {
-            let status = status::to_status(error);
-            proto::CompleteResult {
-                code: status.code() as i32,
-                message: status.message().to_owned(),
-                expires_at: None,
-            }
-        }
+        Err(error) => proto::CompleteResult {
+            code: status::code_of(&error) as i32,
+            reason: error.reason().as_str().to_owned(),
+            message: error.to_string(),
+            expires_at: None,
+        },
     }
 }
 
 fn claim_response(outcome: ClaimOutcome) -> proto::ClaimResponse {
     use proto::{ClaimResponse, Outcome};
     match outcome {
-        ClaimOutcome::Claimed { lease, retried, .. } => {
+        ClaimOutcome::Claimed {
+            lease,
+            retried,
+            completed_before,
+            ..
+        } => {
             let (checkpoint, checkpoint_fencing_token) = lease
                 .checkpoint
                 .map_or((Vec::new(), 0), |c| (c.data, c.fencing_token));
@@ -338,6 +362,7 @@ fn claim_response(outcome: ClaimOutcome) -> proto::ClaimResponse {
                 checkpoint,
                 checkpoint_fencing_token,
                 retried,
+                completed_at: completed_before.and_then(timestamp),
                 ..Default::default()
             }
         }
@@ -365,17 +390,46 @@ fn claim_response(outcome: ClaimOutcome) -> proto::ClaimResponse {
             outcome: Outcome::FingerprintMismatch as i32,
             ..Default::default()
         },
+        ClaimOutcome::Expired {
+            completed_at,
+            fencing_token,
+        } => ClaimResponse {
+            outcome: Outcome::Expired as i32,
+            completed_at: timestamp(completed_at),
+            fencing_token,
+            ..Default::default()
+        },
     }
 }
 
-fn get_response(record: Option<Record>) -> proto::GetResponse {
+fn get_response(found: Inspection) -> proto::GetResponse {
     use proto::State;
-    let Some(record) = record else {
-        return proto::GetResponse {
-            state: State::Absent as i32,
-            ..Default::default()
-        };
+    let record = match found {
+        Inspection::Live(record) => record,
+        Inspection::Absent => {
+            return proto::GetResponse {
+                state: State::Absent as i32,
+                ..Default::default()
+            };
+        }
+        Inspection::Remembered(marker) => {
+            return proto::GetResponse {
+                state: State::Absent as i32,
+                fencing_token: marker.fencing_token,
+                fingerprint: marker
+                    .fingerprint
+                    .map(Fingerprint::into_bytes)
+                    .unwrap_or_default(),
+                expires_at: timestamp(marker.expired_at),
+                created_at: timestamp(marker.created_at),
+                updated_at: timestamp(marker.completed_at),
+                completed_at: timestamp(marker.completed_at),
+                remembered_until: timestamp(marker.remembered_until),
+                ..Default::default()
+            };
+        }
     };
+    let completed = record.state == RecordState::Completed;
     let (checkpoint, checkpoint_fencing_token) = record
         .open_checkpoint()
         .map_or((Vec::new(), 0), |c| (c.data.clone(), c.fencing_token));
@@ -393,11 +447,20 @@ fn get_response(record: Option<Record>) -> proto::GetResponse {
         updated_at: timestamp(record.updated_at),
         checkpoint,
         checkpoint_fencing_token,
+        completed_at: completed.then_some(record.updated_at).and_then(timestamp),
+        remembered_until: record
+            .remember_until
+            .filter(|until| completed && *until > record.expires_at)
+            .and_then(timestamp),
     }
 }
 
-fn get_outcome(record: &Option<Record>) -> &'static str {
-    record.as_ref().map_or("absent", |r| state_name(r.state))
+fn get_outcome(found: &Inspection) -> &'static str {
+    match found {
+        Inspection::Live(record) => state_name(record.state),
+        Inspection::Remembered(_) => "remembered",
+        Inspection::Absent => "absent",
+    }
 }
 
 #[tonic::async_trait]
@@ -592,7 +655,11 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
             tracing::warn!(
                 namespace = namespace.as_str(),
                 key = key.as_str(),
-                previous_state = previous.map_or("absent", state_name),
+                previous_state = match previous {
+                    Some(Purged::Live(state)) => state_name(state),
+                    Some(Purged::Remembered) => "remembered",
+                    None => "absent",
+                },
                 reason = request.reason,
                 "key purged"
             );
@@ -612,7 +679,10 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
             },
             |previous| proto::PurgeResponse {
                 purged: previous.is_some(),
-                previous_state: previous.map_or(proto::State::Absent, wire_state) as i32,
+                previous_state: match previous {
+                    Some(Purged::Live(state)) => wire_state(state),
+                    Some(Purged::Remembered) | None => proto::State::Absent,
+                } as i32,
             },
         )
     }

@@ -39,9 +39,9 @@ use std::time::{Duration, Instant, SystemTime};
 use quick_cache::{Equivalent, Weighter};
 use tokio::sync::mpsc;
 
-use super::{FirstClaim, PoolStatus, PurgeEvent, Store, StoreStats};
+use super::{FirstClaim, PoolStatus, PurgeEvent, Reaped, Store, StoreStats};
 use crate::domain::{
-    Completion, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState, Snapshot,
+    Completion, Key, Lease, LeaseToken, Namespace, NewLease, Purged, Record, RecordState, Snapshot,
 };
 use crate::error::Error;
 
@@ -407,10 +407,15 @@ impl<S: Store> Store for Cached<S> {
         token: &LeaseToken,
         response: &[u8],
         retention: Option<Duration>,
+        remember_for: Option<Duration>,
     ) -> Result<Option<SystemTime>, Error> {
         self.inner
-            .complete(namespace, key, token, response, retention)
+            .complete(namespace, key, token, response, retention, remember_for)
             .await
+    }
+
+    async fn reclaim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
+        self.inner.reclaim(lease).await
     }
 
     async fn fetch_many(&self, keys: &[(Namespace, Key)]) -> Result<Vec<Snapshot>, Error> {
@@ -451,14 +456,14 @@ impl<S: Store> Store for Cached<S> {
             .await
     }
 
-    async fn reap_expired(&self, batch: u32) -> Result<u64, Error> {
+    async fn reap_expired(&self, batch: u32) -> Result<Reaped, Error> {
         self.inner.reap_expired(batch).await
     }
 
     /// Forgets the key here before answering, whatever the statement did:
     /// this replica never replays a key it just purged. Other replicas hear
     /// of it through the feed.
-    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<RecordState>, Error> {
+    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<Purged>, Error> {
         let result = self.inner.purge(namespace, key).await;
         self.cache.forget(namespace, key);
         result
@@ -521,6 +526,7 @@ mod tests {
                 created_at: now,
                 updated_at: now,
                 checkpoint: None,
+                remember_until: None,
             }),
         }
     }

@@ -21,10 +21,8 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tracing::Instrument;
 
-use super::{FirstClaim, PoolStatus, Store, StoreStats};
-use crate::domain::{
-    Completion, Key, Lease, LeaseToken, Namespace, NewLease, RecordState, Snapshot,
-};
+use super::{FirstClaim, PoolStatus, Reaped, Store, StoreStats};
+use crate::domain::{Completion, Key, Lease, LeaseToken, Namespace, NewLease, Purged, Snapshot};
 use crate::error::Error;
 
 /// How batches are formed.
@@ -277,6 +275,7 @@ impl<S: Store> Store for Coalesced<S> {
         token: &LeaseToken,
         response: &[u8],
         retention: Option<Duration>,
+        remember_for: Option<Duration>,
     ) -> Result<Option<SystemTime>, Error> {
         let completion = Completion {
             namespace: namespace.clone(),
@@ -284,6 +283,7 @@ impl<S: Store> Store for Coalesced<S> {
             lease_token: *token,
             response: response.to_vec(),
             retention,
+            remember_for,
         };
         self.completions
             .call(completion)
@@ -329,11 +329,16 @@ impl<S: Store> Store for Coalesced<S> {
             .await
     }
 
-    async fn reap_expired(&self, batch: u32) -> Result<u64, Error> {
+    /// Late retries are rare: not coalesced.
+    async fn reclaim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
+        self.inner.reclaim(lease).await
+    }
+
+    async fn reap_expired(&self, batch: u32) -> Result<Reaped, Error> {
         self.inner.reap_expired(batch).await
     }
 
-    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<RecordState>, Error> {
+    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<Purged>, Error> {
         self.inner.purge(namespace, key).await
     }
 

@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime};
 use tracing::Instrument;
 
 use crate::domain::{
-    Completion, Key, Lease, LeaseToken, Namespace, NewLease, RecordState, Snapshot,
+    Completion, Key, Lease, LeaseToken, Namespace, NewLease, Purged, RecordState, Snapshot,
 };
 use crate::error::Error;
 
@@ -73,8 +73,9 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Completes an unexpired in-progress record held by `token` (its lease may
     /// have run out, as long as nobody took it), discarding its checkpoint.
-    /// Returns the new `expires_at`, or `None` when the record was not in that
-    /// state.
+    /// The key is remembered until `remember_for` after now, when that is
+    /// later than the result's expiry. Returns the new `expires_at`, or
+    /// `None` when the record was not in that state.
     fn complete(
         &self,
         namespace: &Namespace,
@@ -82,7 +83,17 @@ pub trait Store: Clone + Send + Sync + 'static {
         token: &LeaseToken,
         response: &[u8],
         retention: Option<Duration>,
+        remember_for: Option<Duration>,
     ) -> impl Future<Output = Result<Option<SystemTime>, Error>> + Send;
+
+    /// Claims a remembered key anew (a late retry, re-executed): if, at the
+    /// instant of the statement, the key is completed, its result expired
+    /// and its horizon not passed, it becomes in progress under `lease`, as
+    /// a new key would, with the next fencing token. `None` otherwise.
+    fn reclaim(
+        &self,
+        lease: &NewLease,
+    ) -> impl Future<Output = Result<Option<Lease>, Error>> + Send;
 
     /// Releases an unexpired in-progress record held by `token`, saving
     /// `checkpoint` (under the lease's fencing token) when there is one.
@@ -148,18 +159,23 @@ pub trait Store: Clone + Send + Sync + 'static {
         completions: &[Completion],
     ) -> impl Future<Output = Result<Vec<Option<SystemTime>>, Error>> + Send;
 
-    /// Deletes up to `batch` expired records; safe to run from several
-    /// replicas at once. Returns how many it deleted.
-    fn reap_expired(&self, batch: u32) -> impl Future<Output = Result<u64, Error>> + Send;
+    /// One bounded batch of the reaper's work, oldest first: of up to
+    /// `batch` records past their expiry, the remembered ones become
+    /// markers (their response and checkpoint dropped, kept until their
+    /// horizon), and the others are deleted. Safe to run from several
+    /// replicas at once.
+    fn reap_expired(&self, batch: u32) -> impl Future<Output = Result<Reaped, Error>> + Send;
 
     /// Expires an unexpired record now, so the key is claimable at once; the
     /// row stays (and its fencing counter with it) until the reaper deletes
-    /// it. Returns the state the record had, or `None` when there was none.
+    /// it. A remembered key becomes released, without fingerprint, until its
+    /// horizon: claimable by any Claim, its fencing counter going on.
+    /// Returns what there was, or `None` when there was nothing.
     fn purge(
         &self,
         namespace: &Namespace,
         key: &Key,
-    ) -> impl Future<Output = Result<Option<RecordState>, Error>> + Send;
+    ) -> impl Future<Output = Result<Option<Purged>, Error>> + Send;
 
     /// Counts records by namespace and state, and how far behind the reaper is.
     /// A full scan: for operators, not for calls.
@@ -187,6 +203,23 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Closes the connections, waiting for those in use.
     fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// What one batch of the reaper did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// Expired completed records turned into markers.
+    pub remembered: u64,
+    /// Records deleted (expired and not remembered, or markers past their
+    /// horizon).
+    pub deleted: u64,
+}
+
+impl Reaped {
+    /// Rows the batch changed.
+    pub fn total(&self) -> u64 {
+        self.remembered + self.deleted
+    }
 }
 
 /// What a Claim's first step found.
@@ -246,6 +279,10 @@ pub struct StateCount {
 pub struct StoreStats {
     pub now: SystemTime,
     pub live: Vec<StateCount>,
+    /// Markers of remembered keys, by namespace (records the reaper has
+    /// made markers of; a remembered record it has not reached yet counts
+    /// as expired).
+    pub remembered: Vec<(String, u64)>,
     /// Expired rows the reaper has not deleted yet.
     pub expired: u64,
     /// The creation time of the oldest unexpired record.
@@ -261,6 +298,11 @@ impl StoreStats {
         self.earliest_expiry
             .and_then(|t| self.now.duration_since(t).ok())
             .unwrap_or_default()
+    }
+
+    /// Markers of remembered keys, in every namespace.
+    pub fn remembered_total(&self) -> u64 {
+        self.remembered.iter().map(|(_, count)| count).sum()
     }
 
     /// Unexpired records in `state`, over every namespace.

@@ -72,6 +72,7 @@ pub async fn complete_many<S: Store>(
                     &c.lease_token,
                     &c.response,
                     c.retention,
+                    c.remember_for,
                 )
                 .await?,
         );

@@ -22,16 +22,16 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{ConnectOptions, Row};
+use sqlx::{ConnectOptions, Connection as _, Row};
 
 use super::cache::CacheStats;
 use super::{
-    Budget, FirstClaim, PoolStatus, PurgeEvent, StateCount, Store, StoreOptions, StoreStats,
-    micros, one_by_one,
+    Budget, FirstClaim, PoolStatus, PurgeEvent, Reaped, StateCount, Store, StoreOptions,
+    StoreStats, micros, one_by_one,
 };
 use crate::domain::{
-    Checkpoint, Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record,
-    RecordState, Snapshot,
+    Checkpoint, Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Purged,
+    Record, RecordState, Snapshot,
 };
 use crate::error::Error;
 
@@ -39,7 +39,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 
 const FETCH: &str = "
 SELECT state, fencing_token, lease_token, fingerprint, response, retention_us,
-       lease_expires_at, expires_at, created_at, updated_at, checkpoint, checkpoint_fencing
+       lease_expires_at, expires_at, created_at, updated_at, checkpoint, checkpoint_fencing,
+       remember_until
 FROM idempotency_records WHERE namespace = ?1 AND key = ?2";
 
 /// The same rule as PostgreSQL's TRY_CLAIM (see there); `?7` is now.
@@ -61,20 +62,36 @@ ON CONFLICT (namespace, key) DO UPDATE SET
     created_at = CASE WHEN r.expires_at <= ?7 THEN ?7 ELSE r.created_at END,
     updated_at = ?7,
     checkpoint = CASE WHEN r.expires_at <= ?7 THEN NULL ELSE r.checkpoint END,
-    checkpoint_fencing = CASE WHEN r.expires_at <= ?7 THEN NULL ELSE r.checkpoint_fencing END
-WHERE r.expires_at <= ?7
+    checkpoint_fencing = CASE WHEN r.expires_at <= ?7 THEN NULL ELSE r.checkpoint_fencing END,
+    remember_until = NULL
+WHERE (r.expires_at <= ?7 AND NOT (r.state = 2 AND coalesce(r.remember_until > ?7, 0)))
    OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= ?7))
        AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
             OR r.fingerprint = excluded.fingerprint))
 RETURNING fencing_token, lease_expires_at, expires_at, checkpoint, checkpoint_fencing";
 
+/// As PostgreSQL's COMPLETE: the horizon is ?7 (remember_for) after now
+/// when that is later than the result's expiry.
 const COMPLETE: &str = "
 UPDATE idempotency_records
 SET state = 2, response = ?4, lease_expires_at = NULL,
-    expires_at = ?6 + coalesce(?5, retention_us), updated_at = ?6,
-    checkpoint = NULL, checkpoint_fencing = NULL
+    expires_at = ?6 + coalesce(?5, retention_us),
+    remember_until = CASE WHEN ?7 > coalesce(?5, retention_us) THEN ?6 + ?7 END,
+    updated_at = ?6, checkpoint = NULL, checkpoint_fencing = NULL
 WHERE namespace = ?1 AND key = ?2 AND state = 1 AND lease_token = ?3 AND expires_at > ?6
 RETURNING expires_at";
+
+/// PostgreSQL's RECLAIM; ?7 is now.
+const RECLAIM: &str = "
+UPDATE idempotency_records
+SET state = 1, fencing_token = fencing_token + 1, lease_token = ?3, fingerprint = ?4,
+    response = NULL, retention_us = ?6, lease_expires_at = ?7 + ?5,
+    expires_at = ?7 + ?5 + ?6, created_at = ?7, updated_at = ?7,
+    checkpoint = NULL, checkpoint_fencing = NULL, remember_until = NULL
+WHERE namespace = ?1 AND key = ?2
+  AND ((state = 2 AND expires_at <= ?7 AND remember_until > ?7)
+       OR (state = 4 AND expires_at > ?7))
+RETURNING fencing_token, lease_expires_at, expires_at, checkpoint, checkpoint_fencing";
 
 /// A checkpoint given (?5 not NULL) is saved under the lease's fencing token.
 const RELEASE: &str = "
@@ -93,16 +110,40 @@ SET lease_expires_at = ?5 + ?4, expires_at = ?5 + ?4 + retention_us, updated_at 
 WHERE namespace = ?1 AND key = ?2 AND state = 1 AND lease_token = ?3 AND expires_at > ?5
 RETURNING lease_expires_at";
 
+/// The reaper's two steps as PostgreSQL's REAP, over the same batch (the
+/// oldest ?2 expired rows; ?1 is now), run in one transaction: the
+/// remembered records become markers, then the rest are deleted.
+const REAP_REMEMBER: &str = "
+UPDATE idempotency_records
+SET state = 4, response = NULL, checkpoint = NULL, checkpoint_fencing = NULL,
+    expires_at = remember_until, remember_until = expires_at
+WHERE rowid IN (SELECT rowid FROM idempotency_records
+                WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)
+  AND state = 2 AND remember_until > ?1";
+
 const REAP: &str = "
 DELETE FROM idempotency_records
 WHERE rowid IN (SELECT rowid FROM idempotency_records
-                WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)";
+                WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)
+  AND NOT (state = 2 AND coalesce(remember_until > ?1, 0))";
 
+/// As PostgreSQL's PURGE: a live record expires now; a remembered key
+/// becomes released without fingerprint until its horizon; 4 for the
+/// latter.
 const PURGE: &str = "
 UPDATE idempotency_records
-SET expires_at = ?3, lease_expires_at = NULL, updated_at = ?3
-WHERE namespace = ?1 AND key = ?2 AND expires_at > ?3
-RETURNING state";
+SET state = CASE WHEN expires_at > ?3 AND state <> 4 THEN state ELSE 3 END,
+    fingerprint = CASE WHEN expires_at > ?3 AND state <> 4 THEN fingerprint END,
+    response = CASE WHEN expires_at > ?3 AND state <> 4 THEN response END,
+    checkpoint = CASE WHEN expires_at > ?3 AND state <> 4 THEN checkpoint END,
+    checkpoint_fencing = CASE WHEN expires_at > ?3 AND state <> 4 THEN checkpoint_fencing END,
+    expires_at = CASE WHEN state = 4 THEN expires_at
+                      WHEN expires_at > ?3 THEN ?3
+                      ELSE remember_until END,
+    remember_until = NULL, lease_expires_at = NULL, updated_at = ?3
+WHERE namespace = ?1 AND key = ?2
+  AND (expires_at > ?3 OR (state = 2 AND remember_until > ?3))
+RETURNING CASE WHEN expires_at > ?3 THEN 4 ELSE state END";
 
 const STATS_LIVE: &str = "
 SELECT namespace, state, count(*) AS count
@@ -209,10 +250,14 @@ fn system_time(us: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(us.max(0) as u64)
 }
 
+/// The state column's code of a marker (a remembered key whose result the
+/// reaper dropped).
+const MARKER: i64 = 4;
+
 fn state_from(code: i64) -> Result<RecordState, Error> {
     match code {
         1 => Ok(RecordState::InProgress),
-        2 => Ok(RecordState::Completed),
+        2 | MARKER => Ok(RecordState::Completed),
         3 => Ok(RecordState::Released),
         other => Err(Error::Internal(
             format!("unknown record state {other} in the database").into(),
@@ -226,8 +271,25 @@ fn record_from_row(row: &SqliteRow) -> Result<Record, Error> {
     let token = <[u8; 16]>::try_from(token)
         .map(LeaseToken::from_bytes)
         .map_err(|_| Error::Internal("a stored lease token is not 16 bytes".into()))?;
+    let state: i64 = row.try_get("state").map_err(get)?;
+    let expires_at = system_time(row.try_get("expires_at").map_err(get)?);
+    let remember_until = row
+        .try_get::<Option<i64>, _>("remember_until")
+        .map_err(get)?
+        .map(system_time);
+    // A marker keeps the horizon in expires_at and the result's expiry in
+    // remember_until (as on PostgreSQL).
+    let (expires_at, remember_until) = match (state, remember_until) {
+        (MARKER, Some(expired_at)) => (expired_at, Some(expires_at)),
+        (MARKER, None) => {
+            return Err(Error::Internal(
+                "a marker in the database has no expiry".into(),
+            ));
+        }
+        _ => (expires_at, remember_until),
+    };
     Ok(Record {
-        state: state_from(row.try_get("state").map_err(get)?)?,
+        state: state_from(state)?,
         fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
         lease_token: Some(token),
         fingerprint: row
@@ -240,9 +302,23 @@ fn record_from_row(row: &SqliteRow) -> Result<Record, Error> {
             .try_get::<Option<i64>, _>("lease_expires_at")
             .map_err(get)?
             .map(system_time),
-        expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+        expires_at,
         created_at: system_time(row.try_get("created_at").map_err(get)?),
         updated_at: system_time(row.try_get("updated_at").map_err(get)?),
+        checkpoint: checkpoint_from_row(row)?,
+        remember_until,
+    })
+}
+
+/// The lease a claiming statement returns (its fencing token, times and
+/// checkpoint).
+fn lease_from_row(row: &SqliteRow, lease_token: LeaseToken) -> Result<Lease, Error> {
+    let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+    Ok(Lease {
+        lease_token,
+        fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
+        lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
+        expires_at: system_time(row.try_get("expires_at").map_err(get)?),
         checkpoint: checkpoint_from_row(row)?,
     })
 }
@@ -299,17 +375,30 @@ impl Store for SqliteStore {
                     .map(first)
             })
             .await?;
-        row.map(|row| {
-            let get = |e: sqlx::Error| Error::Internal(Box::new(e));
-            Ok(Lease {
-                lease_token: lease.lease_token,
-                fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
-                lease_expires_at: system_time(row.try_get("lease_expires_at").map_err(get)?),
-                expires_at: system_time(row.try_get("expires_at").map_err(get)?),
-                checkpoint: checkpoint_from_row(&row)?,
+        row.map(|row| lease_from_row(&row, lease.lease_token))
+            .transpose()
+    }
+
+    async fn reclaim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
+        let row = self
+            .budget
+            .run("reclaim", async {
+                let mut conn = self.writer.acquire().await?;
+                sqlx::query(RECLAIM)
+                    .bind(lease.namespace.as_str())
+                    .bind(lease.key.as_str())
+                    .bind(lease.lease_token.as_bytes().as_slice())
+                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                    .bind(micros(lease.lease_ttl))
+                    .bind(micros(lease.retention))
+                    .bind(now_us())
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map(first)
             })
-        })
-        .transpose()
+            .await?;
+        row.map(|row| lease_from_row(&row, lease.lease_token))
+            .transpose()
     }
 
     async fn complete(
@@ -319,6 +408,7 @@ impl Store for SqliteStore {
         token: &LeaseToken,
         response: &[u8],
         retention: Option<Duration>,
+        remember_for: Option<Duration>,
     ) -> Result<Option<SystemTime>, Error> {
         let expires_at: Option<i64> = self
             .budget
@@ -331,6 +421,7 @@ impl Store for SqliteStore {
                     .bind(response)
                     .bind(retention.map(micros))
                     .bind(now_us())
+                    .bind(remember_for.map(micros))
                     .fetch_all(&mut *conn)
                     .await
                     .map(first)
@@ -390,22 +481,35 @@ impl Store for SqliteStore {
         Ok(lease_expires_at.map(system_time))
     }
 
-    async fn reap_expired(&self, batch: u32) -> Result<u64, Error> {
-        let done = self
-            .budget
+    async fn reap_expired(&self, batch: u32) -> Result<Reaped, Error> {
+        self.budget
             .run("reap", async {
                 let mut conn = self.writer.acquire().await?;
-                sqlx::query(REAP)
-                    .bind(now_us())
+                let mut transaction = conn.begin().await?;
+                let now = now_us();
+                let remembered = sqlx::query(REAP_REMEMBER)
+                    .bind(now)
                     .bind(i64::from(batch))
-                    .execute(&mut *conn)
-                    .await
+                    .execute(&mut *transaction)
+                    .await?
+                    .rows_affected();
+                let left = i64::from(batch) - remembered as i64;
+                let deleted = sqlx::query(REAP)
+                    .bind(now)
+                    .bind(left)
+                    .execute(&mut *transaction)
+                    .await?
+                    .rows_affected();
+                transaction.commit().await?;
+                Ok(Reaped {
+                    remembered,
+                    deleted,
+                })
             })
-            .await?;
-        Ok(done.rows_affected())
+            .await
     }
 
-    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<RecordState>, Error> {
+    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<Purged>, Error> {
         let state: Option<i64> = self
             .budget
             .run("purge", async {
@@ -419,7 +523,12 @@ impl Store for SqliteStore {
                     .map(first)
             })
             .await?;
-        state.map(state_from).transpose()
+        state
+            .map(|code| match code {
+                MARKER => Ok(Purged::Remembered),
+                code => state_from(code).map(Purged::Live),
+            })
+            .transpose()
     }
 
     async fn stats(&self) -> Result<StoreStats, Error> {
@@ -440,19 +549,26 @@ impl Store for SqliteStore {
                 Ok((now, rows, summary))
             })
             .await?;
-        let live = rows
-            .iter()
-            .map(|row| {
-                Ok(StateCount {
-                    namespace: row.try_get("namespace").map_err(get)?,
-                    state: state_from(row.try_get("state").map_err(get)?)?,
-                    count: row.try_get::<i64, _>("count").map_err(get)? as u64,
-                })
-            })
-            .collect::<Result<_, Error>>()?;
+        let mut live = Vec::new();
+        let mut remembered = Vec::new();
+        for row in &rows {
+            let namespace: String = row.try_get("namespace").map_err(get)?;
+            let code: i64 = row.try_get("state").map_err(get)?;
+            let count = row.try_get::<i64, _>("count").map_err(get)? as u64;
+            if code == MARKER {
+                remembered.push((namespace, count));
+            } else {
+                live.push(StateCount {
+                    namespace,
+                    state: state_from(code)?,
+                    count,
+                });
+            }
+        }
         Ok(StoreStats {
             now: system_time(now),
             live,
+            remembered,
             expired: summary.try_get::<i64, _>("expired").map_err(get)? as u64,
             oldest_created_at: summary
                 .try_get::<Option<i64>, _>("oldest_created_at")

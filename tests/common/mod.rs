@@ -94,6 +94,37 @@ impl StoreFixture {
         }
     }
 
+    /// A key's row as stored, read straight from the database: its state
+    /// code (4: a marker) and whether it holds a response.
+    pub async fn row_state(&self, key: &str) -> Option<(i64, bool)> {
+        match &self.database_url {
+            Some(url) => {
+                let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+                sqlx::query_as(
+                    "SELECT state::int8, response IS NOT NULL FROM idempotency_records WHERE key = $1",
+                )
+                .bind(key)
+                .fetch_optional(&mut conn)
+                .await
+                .expect("row")
+            }
+            None => {
+                let url = format!(
+                    "sqlite://{}",
+                    self.data_dir.join("idempotency.db").display()
+                );
+                let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
+                sqlx::query_as(
+                    "SELECT state, response IS NOT NULL FROM idempotency_records WHERE key = ?1",
+                )
+                .bind(key)
+                .fetch_optional(&mut conn)
+                .await
+                .expect("row")
+            }
+        }
+    }
+
     /// A configuration pointing at this store, on an ephemeral loopback port.
     pub fn config(&self) -> Config {
         let mut config = Config::defaults();

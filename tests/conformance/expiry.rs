@@ -64,10 +64,13 @@ pub async fn a_completed_key_replays_until_retention_ends_then_is_claimable_afre
     assert_eq!(record.created_at, record.updated_at);
 }
 
+/// With nothing remembered past the result (IDEMPOTENCY_REMEMBER_FOR=0s;
+/// remembered keys have cases of their own), an expired key is forgotten.
 pub async fn the_reaper_deletes_expired_rows_and_fencing_restarts_at_one(backend: Backend) {
     let (store, server) = TestServer::fresh_with(backend, |c| {
         c.reaper_interval = Duration::from_millis(100);
         c.reaper_batch_size = 2;
+        c.remember_for = Duration::ZERO;
     })
     .await;
     let mut client = server.client.clone();

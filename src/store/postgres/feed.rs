@@ -49,6 +49,9 @@ FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE c.oid = 'idempotency_records'::regclass";
 
 /// Expires a record now: it is absent to every call from this statement on.
+/// A remembered key (a completed record past its expiry, or a marker, before
+/// its horizon) becomes released without fingerprint until its horizon, so
+/// that any Claim takes it with the next fencing token; it answers 4.
 /// The notifications go out with the purge's commit, and only then, to every
 /// replica listening on the channel ($3): the key plainly, and the key with
 /// the purge's name ($4, `p:<purger>:<seq>:`), which replicas acknowledge.
@@ -59,10 +62,20 @@ WHERE c.oid = 'idempotency_records'::regclass";
 /// notification from the trigger in the same transaction is delivered once.
 pub(super) const PURGE: &str = "
 WITH purged AS (
-    UPDATE idempotency_records
-    SET expires_at = now(), lease_expires_at = NULL, updated_at = now()
-    WHERE namespace = $1 AND key = $2 AND expires_at > now()
-    RETURNING state)
+    UPDATE idempotency_records AS r
+    SET state = CASE WHEN r.expires_at > now() AND r.state <> 4 THEN r.state ELSE 3 END,
+        fingerprint = CASE WHEN r.expires_at > now() AND r.state <> 4 THEN r.fingerprint END,
+        response = CASE WHEN r.expires_at > now() AND r.state <> 4 THEN r.response END,
+        checkpoint = CASE WHEN r.expires_at > now() AND r.state <> 4 THEN r.checkpoint END,
+        checkpoint_fencing = CASE WHEN r.expires_at > now() AND r.state <> 4
+                                  THEN r.checkpoint_fencing END,
+        expires_at = CASE WHEN r.state = 4 THEN r.expires_at
+                          WHEN r.expires_at > now() THEN now()
+                          ELSE r.remember_until END,
+        remember_until = NULL, lease_expires_at = NULL, updated_at = now()
+    WHERE r.namespace = $1 AND r.key = $2
+      AND (r.expires_at > now() OR (r.state = 2 AND r.remember_until > now()))
+    RETURNING CASE WHEN r.expires_at > now() THEN 4::int2 ELSE r.state END AS state)
 SELECT p.state
 FROM purged AS p
 CROSS JOIN LATERAL (

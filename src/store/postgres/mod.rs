@@ -32,21 +32,24 @@ use tokio_util::sync::CancellationToken;
 
 use self::connections::{Connections, Suspicion, held};
 use self::rows::{
-    LeaseArrays, by_key, distinct_in_key_order, first_claim_from_row, lease_from_row,
-    snapshot_from_row, state_from, stats_from_rows, system_time,
+    LeaseArrays, by_key, distinct_in_key_order, first_claim_from_row, lease_from_row, purged_from,
+    snapshot_from_row, stats_from_rows, system_time,
 };
 use self::sql::*;
+use self::sqlstate::connection_lost;
+use super::{
+    Budget, FirstClaim, PoolStatus, PurgeEvent, Reaped, Store, StoreOptions, StoreStats, micros,
+};
+use crate::domain::{
+    Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Purged, RecordState,
+    Snapshot,
+};
+use crate::error::Error;
 
 /// How many times `watch` reads a row that changed under its mark before it
 /// answers with the last read (the waiter then hears of the key at its
 /// lease's expiry at the latest).
 const WATCH_READS: usize = 3;
-use self::sqlstate::connection_lost;
-use super::{Budget, FirstClaim, PoolStatus, PurgeEvent, Store, StoreOptions, StoreStats, micros};
-use crate::domain::{
-    Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, RecordState, Snapshot,
-};
-use crate::error::Error;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -582,6 +585,7 @@ impl Store for PostgresStore {
                     &c.lease_token,
                     &c.response,
                     c.retention,
+                    c.remember_for,
                 )
                 .await?,
             ]);
@@ -609,6 +613,10 @@ impl Store for PostgresStore {
             .iter()
             .map(|&i| completions[i].retention.map(micros))
             .collect();
+        let remember: Vec<Option<i64>> = order
+            .iter()
+            .map(|&i| completions[i].remember_for.map(micros))
+            .collect();
         let rows: Vec<(i32, OffsetDateTime)> = self
             .budget
             .run(
@@ -619,6 +627,7 @@ impl Store for PostgresStore {
                     .bind(&tokens)
                     .bind(&responses)
                     .bind(&retentions)
+                    .bind(&remember)
                     .fetch_all(conn)),
             )
             .await?;
@@ -640,6 +649,7 @@ impl Store for PostgresStore {
         token: &LeaseToken,
         response: &[u8],
         retention: Option<Duration>,
+        remember_for: Option<Duration>,
     ) -> Result<Option<SystemTime>, Error> {
         let expires_at: Option<OffsetDateTime> = self
             .budget
@@ -651,10 +661,30 @@ impl Store for PostgresStore {
                     .bind(token.as_bytes().as_slice())
                     .bind(response)
                     .bind(retention.map(micros))
+                    .bind(remember_for.map(micros))
                     .fetch_optional(conn)),
             )
             .await?;
         Ok(expires_at.map(system_time))
+    }
+
+    async fn reclaim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
+        let row = self
+            .budget
+            .run(
+                "reclaim",
+                held!(self, |conn| sqlx::query(RECLAIM)
+                    .bind(lease.namespace.as_str())
+                    .bind(lease.key.as_str())
+                    .bind(lease.lease_token.as_bytes().as_slice())
+                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                    .bind(micros(lease.lease_ttl))
+                    .bind(micros(lease.retention))
+                    .fetch_optional(conn)),
+            )
+            .await?;
+        row.map(|row| lease_from_row(&row, lease.lease_token))
+            .transpose()
     }
 
     async fn release(
@@ -703,26 +733,26 @@ impl Store for PostgresStore {
         Ok(lease_expires_at.map(system_time))
     }
 
-    async fn reap_expired(&self, batch: u32) -> Result<u64, Error> {
-        let engine = self.engine().await?;
-        let statement = engine.statements().reap;
-        self.budget
-            .run("reap", async {
-                let query = sqlx::query(statement).bind(i64::from(batch));
-                match engine {
-                    Engine::Postgres => Ok(query.execute(self.pool()).await?.rows_affected()),
-                    Engine::Citus => {
-                        let row = query.fetch_one(self.pool()).await?;
-                        Ok(row.try_get::<i64, _>(0)?.max(0) as u64)
-                    }
-                }
-            })
-            .await
+    async fn reap_expired(&self, batch: u32) -> Result<Reaped, Error> {
+        let statement = self.engine().await?.statements().reap;
+        let (remembered, deleted): (i64, i64) = self
+            .budget
+            .run(
+                "reap",
+                sqlx::query_as(statement)
+                    .bind(i64::from(batch))
+                    .fetch_one(self.pool()),
+            )
+            .await?;
+        Ok(Reaped {
+            remembered: remembered.max(0) as u64,
+            deleted: deleted.max(0) as u64,
+        })
     }
 
     /// Returns once no replica's replay cache can answer with what was
     /// purged (`feed`: each acknowledged it, or the bound has passed).
-    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<RecordState>, Error> {
+    async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<Purged>, Error> {
         let feed = feed::feed(&self.feed, self.pool(), &self.budget, &self.feed_stop);
         let purge = feed.purge(self.pool()).await?;
         let state: Option<i16> = self
@@ -737,11 +767,11 @@ impl Store for PostgresStore {
                     .fetch_optional(conn)),
             )
             .await?;
-        let state = state.map(state_from).transpose()?;
-        if state == Some(RecordState::Completed) {
+        let purged = state.map(purged_from).transpose()?;
+        if purged == Some(Purged::Live(RecordState::Completed)) {
             purge.settle(Instant::now()).await;
         }
-        Ok(state)
+        Ok(purged)
     }
 
     async fn stats(&self) -> Result<StoreStats, Error> {

@@ -10,8 +10,8 @@ use sqlx::postgres::{PgArguments, PgRow};
 use time::OffsetDateTime;
 
 use crate::domain::{
-    Checkpoint, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Record, RecordState,
-    Snapshot,
+    Checkpoint, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Purged, Record,
+    RecordState, Snapshot,
 };
 use crate::error::Error;
 use crate::store::{FirstClaim, StateCount, StoreStats, micros};
@@ -20,14 +20,27 @@ pub(super) fn system_time(t: OffsetDateTime) -> SystemTime {
     SystemTime::from(t)
 }
 
+/// The state column's code of a marker: a remembered key, whose result the
+/// reaper dropped (see the migration `20261205000001_remembered_keys`).
+pub(super) const MARKER: i16 = 4;
+
 pub(super) fn state_from(code: i16) -> Result<RecordState, Error> {
     match code {
         1 => Ok(RecordState::InProgress),
-        2 => Ok(RecordState::Completed),
+        2 | MARKER => Ok(RecordState::Completed),
         3 => Ok(RecordState::Released),
         other => Err(Error::Internal(
             format!("unknown record state {other} in the database").into(),
         )),
+    }
+}
+
+/// What Purge answers: the state of the live record it expired, or
+/// [`MARKER`] for a remembered key it made claimable.
+pub(super) fn purged_from(code: i16) -> Result<Purged, Error> {
+    match code {
+        MARKER => Ok(Purged::Remembered),
+        code => state_from(code).map(Purged::Live),
     }
 }
 
@@ -122,19 +135,26 @@ pub(super) fn checkpoint_from_row(row: &PgRow) -> Result<Option<Checkpoint>, Err
 /// (or its indexed form).
 pub(super) fn stats_from_rows(rows: &[PgRow], summary: &PgRow) -> Result<StoreStats, Error> {
     let get = |e: sqlx::Error| Error::Internal(Box::new(e));
-    let live = rows
-        .iter()
-        .map(|row| {
-            Ok(StateCount {
-                namespace: row.try_get("namespace").map_err(get)?,
-                state: state_from(row.try_get("state").map_err(get)?)?,
-                count: row.try_get::<i64, _>("count").map_err(get)? as u64,
-            })
-        })
-        .collect::<Result<_, Error>>()?;
+    let mut live = Vec::new();
+    let mut remembered = Vec::new();
+    for row in rows {
+        let namespace: String = row.try_get("namespace").map_err(get)?;
+        let code: i16 = row.try_get("state").map_err(get)?;
+        let count = row.try_get::<i64, _>("count").map_err(get)? as u64;
+        if code == MARKER {
+            remembered.push((namespace, count));
+        } else {
+            live.push(StateCount {
+                namespace,
+                state: state_from(code)?,
+                count,
+            });
+        }
+    }
     Ok(StoreStats {
         now: system_time(summary.try_get("now").map_err(get)?),
         live,
+        remembered,
         expired: summary.try_get::<i64, _>("expired").map_err(get)? as u64,
         oldest_created_at: summary
             .try_get::<Option<OffsetDateTime>, _>("oldest_created_at")
@@ -168,6 +188,23 @@ pub(super) fn snapshot_from_row(row: &PgRow) -> Result<Snapshot, Error> {
     let Some(state) = row.try_get::<Option<i16>, _>("state").map_err(get)? else {
         return Ok(Snapshot { now, record: None });
     };
+    let expires_at = system_time(row.try_get("expires_at").map_err(get)?);
+    let remember_until = row
+        .try_get::<Option<OffsetDateTime>, _>("remember_until")
+        .map_err(get)?
+        .map(system_time);
+    // A marker keeps the horizon in expires_at (where the reaper files it)
+    // and the result's expiry in remember_until: the record it stands for is
+    // completed, expired at the latter, remembered until the former.
+    let (expires_at, remember_until) = match (state, remember_until) {
+        (MARKER, Some(expired_at)) => (expired_at, Some(expires_at)),
+        (MARKER, None) => {
+            return Err(Error::Internal(
+                "a marker in the database has no expiry".into(),
+            ));
+        }
+        _ => (expires_at, remember_until),
+    };
     let record = Record {
         state: state_from(state)?,
         fencing_token: row.try_get::<i64, _>("fencing_token").map_err(get)? as u64,
@@ -182,10 +219,11 @@ pub(super) fn snapshot_from_row(row: &PgRow) -> Result<Snapshot, Error> {
             .try_get::<Option<OffsetDateTime>, _>("lease_expires_at")
             .map_err(get)?
             .map(system_time),
-        expires_at: system_time(row.try_get("expires_at").map_err(get)?),
+        expires_at,
         created_at: system_time(row.try_get("created_at").map_err(get)?),
         updated_at: system_time(row.try_get("updated_at").map_err(get)?),
         checkpoint: checkpoint_from_row(row)?,
+        remember_until,
     };
     Ok(Snapshot {
         now,

@@ -17,10 +17,13 @@ macro_rules! insert_record {
 }
 
 /// The takeover rule, written once: a conflicting row is taken over when it
-/// is expired (it starts afresh: fingerprint, creation time and checkpoint
-/// replaced), or released or in progress under an expired lease with no
-/// conflicting fingerprint (its checkpoint stays for the new holder). Either
-/// way the fencing counter goes on. `excluded` is the offered new record,
+/// is expired and not remembered (it starts afresh: fingerprint, creation
+/// time and checkpoint replaced), or released or in progress under an
+/// expired lease with no conflicting fingerprint (its checkpoint stays for
+/// the new holder). Either way the fencing counter goes on. A remembered key
+/// (a completed record past its expiry, before its horizon) is only ever
+/// re-claimed by RECLAIM, and a marker (state 4) is live until its horizon,
+/// so neither is taken here. `excluded` is the offered new record,
 /// and its `created_at` is the statement's `now()`: the rule reads the clock
 /// through it because Citus runs no `now()` in an `ON CONFLICT` clause
 /// (it evaluates the inserted values on the coordinator instead). On plain
@@ -42,8 +45,10 @@ macro_rules! takeover {
     updated_at = excluded.updated_at,
     checkpoint = CASE WHEN r.expires_at <= excluded.created_at THEN NULL ELSE r.checkpoint END,
     checkpoint_fencing = CASE WHEN r.expires_at <= excluded.created_at THEN NULL
-                              ELSE r.checkpoint_fencing END
-WHERE r.expires_at <= excluded.created_at
+                              ELSE r.checkpoint_fencing END,
+    remember_until = NULL
+WHERE (r.expires_at <= excluded.created_at
+       AND NOT (r.state = 2 AND coalesce(r.remember_until > excluded.created_at, false)))
    OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= excluded.created_at))
        AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
             OR r.fingerprint = excluded.fingerprint))
@@ -55,7 +60,7 @@ WHERE r.expires_at <= excluded.created_at
 pub(super) const FETCH: &str = "
 SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
        r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at,
-       r.checkpoint, r.checkpoint_fencing
+       r.checkpoint, r.checkpoint_fencing, r.remember_until
 FROM (SELECT 1) AS clock
 LEFT JOIN idempotency_records AS r ON r.namespace = $1 AND r.key = $2";
 
@@ -75,7 +80,8 @@ WITH marked AS (
     RETURNING 1)
 SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
        r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at,
-       r.checkpoint, r.checkpoint_fencing, coalesce(r.watched, false) AS watched,
+       r.checkpoint, r.checkpoint_fencing, r.remember_until,
+       coalesce(r.watched, false) AS watched,
        EXISTS (SELECT FROM marked) AS marked
 FROM (SELECT 1) AS clock
 LEFT JOIN idempotency_records AS r ON r.namespace = $1 AND r.key = $2";
@@ -91,7 +97,7 @@ LEFT JOIN idempotency_records AS r ON r.namespace = $1 AND r.key = $2";
 pub(super) const FETCH_MANY: &str = "
 SELECT now() AS now, r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
        r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at,
-       r.checkpoint, r.checkpoint_fencing
+       r.checkpoint, r.checkpoint_fencing, r.remember_until
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS i(namespace, key, ord)
 LEFT JOIN LATERAL (
     SELECT * FROM idempotency_records AS x
@@ -122,12 +128,13 @@ SELECT true AS inserted, now() AS now, NULL::int2 AS state, i.fencing_token,
        NULL::bytea AS lease_token, NULL::bytea AS fingerprint, NULL::bytea AS response,
        NULL::int8 AS retention_us, i.lease_expires_at, i.expires_at,
        NULL::timestamptz AS created_at, NULL::timestamptz AS updated_at,
-       NULL::bytea AS checkpoint, NULL::int8 AS checkpoint_fencing
+       NULL::bytea AS checkpoint, NULL::int8 AS checkpoint_fencing,
+       NULL::timestamptz AS remember_until
 FROM inserted AS i
 UNION ALL
 SELECT false, now(), r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
        r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at,
-       r.checkpoint, r.checkpoint_fencing
+       r.checkpoint, r.checkpoint_fencing, r.remember_until
 FROM idempotency_records AS r
 WHERE r.namespace = $1 AND r.key = $2 AND NOT EXISTS (SELECT FROM inserted)"
 );
@@ -160,7 +167,7 @@ SELECT i.ord, n.key IS NOT NULL AS inserted, now() AS now, r.state,
        r.fingerprint, r.response, r.retention_us,
        coalesce(n.lease_expires_at, r.lease_expires_at) AS lease_expires_at,
        coalesce(n.expires_at, r.expires_at) AS expires_at, r.created_at, r.updated_at,
-       r.checkpoint, r.checkpoint_fencing
+       r.checkpoint, r.checkpoint_fencing, r.remember_until
 FROM input AS i
 LEFT JOIN inserted AS n ON n.namespace = i.namespace COLLATE \"C\" AND n.key = i.key COLLATE \"C\"
 LEFT JOIN LATERAL (
@@ -222,11 +229,17 @@ pub(super) const TRY_CLAIM: &str = concat!(
 /// record is unexpired, in progress, and the token is the current one. The
 /// lease itself may have run out: until someone else claims the key, its
 /// holder may still finish.
+///
+/// Complete sets the key's horizon, $6 (remember_for) after now, when that
+/// is later than the result's expiry (else nothing is remembered).
 pub(super) const COMPLETE: &str = "
 UPDATE idempotency_records
 SET state = 2, response = $4, lease_expires_at = NULL,
     expires_at = ((now() AT TIME ZONE 'UTC') + coalesce($5, retention_us)::float8 * interval '1 microsecond')
                  AT TIME ZONE 'UTC',
+    remember_until = CASE WHEN $6 > coalesce($5, retention_us)
+        THEN ((now() AT TIME ZONE 'UTC') + $6::float8 * interval '1 microsecond') AT TIME ZONE 'UTC'
+        END,
     updated_at = now(), checkpoint = NULL, checkpoint_fencing = NULL
 WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
 RETURNING expires_at";
@@ -234,7 +247,25 @@ RETURNING expires_at";
 /// COMPLETE for many keys in one statement, item after item (the function
 /// is in the migrations, with why it is one).
 pub(super) const COMPLETE_MANY: &str = "
-SELECT item, new_expires_at FROM idempotency_complete_many($1, $2, $3, $4, $5)";
+SELECT item, new_expires_at FROM idempotency_complete_many($1, $2, $3, $4, $5, $6)";
+
+/// A remembered key claimed anew (a late retry, re-executed): a completed
+/// record past its expiry and before its horizon (remember_until), or a
+/// marker (state 4) before its horizon (expires_at), becomes in progress
+/// as a new key would ($1 to $6 as in TRY_CLAIM), with the next fencing
+/// token. Written so that Citus runs it as it is: now() is beside no column.
+pub(super) const RECLAIM: &str = "
+UPDATE idempotency_records
+SET state = 1, fencing_token = fencing_token + 1, lease_token = $3, fingerprint = $4,
+    response = NULL, retention_us = $6,
+    lease_expires_at = now() + $5::float8 * interval '1 microsecond',
+    expires_at = now() + ($5 + $6)::float8 * interval '1 microsecond',
+    created_at = now(), updated_at = now(), checkpoint = NULL, checkpoint_fencing = NULL,
+    remember_until = NULL
+WHERE namespace = $1 AND key = $2
+  AND ((state = 2 AND expires_at <= now() AND remember_until > now())
+       OR (state = 4 AND expires_at > now()))
+RETURNING fencing_token, lease_expires_at, expires_at, checkpoint, checkpoint_fencing";
 
 /// Released records stay for their retention, so a late duplicate with another
 /// payload is still told about the mismatch, and the fencing counter goes on.
@@ -262,19 +293,37 @@ SET lease_expires_at = now() + $4::float8 * interval '1 microsecond',
 WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
 RETURNING lease_expires_at";
 
-/// Deletes one bounded batch, oldest first, through the index on reap_at
-/// (expires_at's stored copy: see its migration). SKIP LOCKED lets replicas
-/// reap side by side without waiting on each other or on a Claim that is
-/// taking a row over; the outer condition re-checks expiry on the locked row.
+/// One bounded batch of the reaper, oldest first, through the index on
+/// reap_at (expires_at's stored copy: see its migration), in two steps: the
+/// batch's remembered records become markers (state 4: response and
+/// checkpoint dropped, expires_at moved to the horizon, which files them
+/// under it in reap_at, and remember_until keeping the original expiry),
+/// and the rest are deleted. SKIP LOCKED lets replicas reap side by side
+/// without waiting on each other or on a Claim that is taking a row over;
+/// each step re-checks its condition on the locked row.
 pub(super) const REAP: &str = "
-DELETE FROM idempotency_records
-WHERE ctid = ANY (ARRAY(
-        SELECT ctid FROM idempotency_records
-        WHERE reap_at <= now()
-        ORDER BY reap_at
-        LIMIT $1
-        FOR UPDATE SKIP LOCKED))
-  AND expires_at <= now()";
+WITH batch AS (
+    SELECT ctid, (state = 2 AND coalesce(remember_until > now(), false)) AS remember
+    FROM idempotency_records
+    WHERE reap_at <= now()
+    ORDER BY reap_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED),
+remembered AS (
+    UPDATE idempotency_records
+    SET state = 4, response = NULL, checkpoint = NULL, checkpoint_fencing = NULL,
+        expires_at = remember_until, remember_until = expires_at
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch WHERE remember))
+      AND state = 2 AND expires_at <= now() AND remember_until > now()
+    RETURNING 1),
+deleted AS (
+    DELETE FROM idempotency_records
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch WHERE NOT remember))
+      AND expires_at <= now()
+      AND NOT (state = 2 AND coalesce(remember_until > now(), false))
+    RETURNING 1)
+SELECT (SELECT count(*) FROM remembered) AS remembered,
+       (SELECT count(*) FROM deleted) AS deleted";
 
 /// The planner's defaults, for the statements of `stats` only.
 pub(super) const STATS_SETTINGS: &str = "
@@ -359,8 +408,8 @@ pub(super) struct Statements {
     /// Purge with its notifications ($1 namespace, $2 key, $3 channel, $4
     /// the purge's name: feed.rs).
     pub purge: &'static str,
-    /// Plain PostgreSQL: a DELETE (its row count); Citus: a function
-    /// answering how many rows it deleted.
+    /// One row: how many records became markers, and how many were
+    /// deleted.
     pub reap: &'static str,
 }
 
@@ -384,7 +433,7 @@ pub(super) const ON_CITUS: Statements = Statements {
 SELECT * FROM idempotency_claim_or_fetch_many($1, $2, $3, $4, $5, $6)",
     try_claim_many: "SELECT * FROM idempotency_try_claim_many($1, $2, $3, $4, $5, $6)",
     purge: "SELECT * FROM idempotency_purge($1, $2, $3, $4)",
-    reap: "SELECT idempotency_reap($1)",
+    reap: "SELECT remembered, deleted FROM idempotency_reap_remembering($1)",
 };
 
 /// Run on every new connection: the Citus extension's version, or no row on
