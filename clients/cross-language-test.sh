@@ -5,7 +5,10 @@
 # Python and Node clients first (into clients/python/.venv and
 # clients/node/node_modules); the Go and Java tests build their sides
 # themselves (clients/go/build.sh, clients/java/build.sh, with Debian's Go and
-# Java packages). Run from anywhere.
+# Java packages). Also: every error path's google.rpc details decoded by
+# grpcio and @grpc/grpc-js, and grpcio's built-in retry following
+# clients/service-config.json (both on PostgreSQL: IDEMPOTENCY_TEST_POSTGRES,
+# through a relay the tests cut). Run from anywhere.
 #
 #   IDEMPOTENCY_BIN   the server binary (default: target/release/idempotency-service)
 set -euo pipefail
@@ -22,4 +25,5 @@ bash "$repo/clients/python/setup-venv.sh"
 bash "$repo/clients/node/setup.sh"
 cd "$repo/clients/cross-language"
 exec "$repo/clients/python/.venv/bin/python" -m pytest -p no:cacheprovider \
-  test_cross_language.py test_cross_language_go.py test_cross_language_java.py
+  test_cross_language.py test_error_details_conformance.py test_service_config.py \
+  test_cross_language_go.py test_cross_language_java.py
