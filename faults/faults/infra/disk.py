@@ -24,7 +24,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 FILLER_NAME = "filler.bin"
 OWNER_NAME = ".owner-pid"
@@ -155,6 +155,26 @@ def integrity_check(db_file: str) -> List[str]:
     connection = sqlite3.connect(db_file, timeout=10)
     try:
         return [row[0] for row in connection.execute("PRAGMA integrity_check")]
+    finally:
+        connection.close()
+
+
+def truncate_wal(db_file: str, tries: int = 20) -> Tuple[int, int, int]:
+    """PRAGMA wal_checkpoint(TRUNCATE) on a SQLite file in WAL mode, beside
+    the server's connections: every frame copied into the database and the
+    -wal file cut to 0 bytes, so that the next write has to grow it again
+    (after a checkpoint SQLite writes the WAL from its start, into the space
+    the file already has: a full disk does not stop those writes). Tried
+    again while a writer keeps it from finishing (busy); returns SQLite's
+    (busy, frames in the WAL, frames checkpointed) of the last try."""
+    connection = sqlite3.connect(db_file, timeout=10)
+    try:
+        result = (1, -1, -1)
+        for _ in range(tries):
+            result = tuple(connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone())
+            if result[0] == 0:
+                break
+        return result
     finally:
         connection.close()
 

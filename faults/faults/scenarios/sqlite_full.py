@@ -1,8 +1,10 @@
 """The embedded SQLite store on a full disk.
 
 One replica, `store = "sqlite"`, its IDEMPOTENCY_DATA_DIR on a small tmpfs
-(faults/infra/disk.py). Under load a filler file takes every free byte for a
-few seconds, then is deleted. Promised: calls get UNAVAILABLE while the disk
+(faults/infra/disk.py). Under load the WAL is cut to 0 bytes (a TRUNCATE
+checkpoint beside the server, so that every write from then on needs new
+space), a filler file takes every free byte for a few seconds, then is
+deleted. Promised: calls get UNAVAILABLE while the disk
 is full (never INTERNAL, never a panic, never an answer that was not stored),
 the file stays sound (PRAGMA integrity_check = ok, while serving and after a
 clean stop), every Complete answered OK is still there (the checker's
@@ -124,6 +126,15 @@ class SqliteFull(Scenario):
         full_s = self.full_s if env.ci else self.full_s_long
         await env.sleep_load(self.before_s)
         env.note("sizes_before_fault", self._sizes(env))
+        # The WAL cut to 0 bytes first, so that the writes once the disk is
+        # full have to grow it: after one of SQLite's checkpoints (every 1000
+        # pages, ~4 MiB) the WAL is written again from its start, into space
+        # the file already has, and a full disk would not stop a write until
+        # the WAL outgrew its old size (seen on a loaded machine: a WAL of
+        # ~4 MiB checkpointed as the disk filled, no write needed new space
+        # for the few seconds of the fault, and no UNAVAILABLE at all).
+        env.note("wal_checkpoint_truncate", await asyncio.to_thread(disk.truncate_wal, self._db_file(env)))
+        env.note("sizes_after_truncate", self._sizes(env))
 
         probe_client = AsyncIdempotencyClient(replica.target, retry=None, timeout=3)
         seen: Dict[str, Any] = {"claim_codes": {}, "get_codes": {}, "unstored_claims": 0, "examples": []}
@@ -218,7 +229,8 @@ class SqliteFull(Scenario):
         probe_codes = dict(notes.get("probe_claims_while_full", {}))
         if codes_during.get("UNAVAILABLE", 0) + probe_codes.get("UNAVAILABLE", 0) == 0:
             failures.append(f"the full disk caused no UNAVAILABLE (workload attempts while full: {codes_during}; "
-                            f"probe Claims: {probe_codes})")
+                            f"probe Claims: {probe_codes}; WAL TRUNCATE checkpoint (busy, frames, checkpointed): "
+                            f"{notes.get('wal_checkpoint_truncate')})")
         # Never INTERNAL / UNKNOWN (a panic in a handler is UNKNOWN), whenever.
         bad = {c: n for c, n in report.attempt_errors.items() if c in FORBIDDEN_CODES}
         bad.update({f"probe {c}": n for c, n in probe_codes.items() if c in FORBIDDEN_CODES})
