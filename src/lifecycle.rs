@@ -194,14 +194,22 @@ impl<S: Store> Lifecycle<S> {
     /// lease ran out or the key was purged and this Claim won the guarded
     /// claim, or OUTCOME_IN_PROGRESS when the wait ran out, the server is
     /// shutting down, or too many Claims wait already (then at once).
+    ///
+    /// `wait` counts from this call, the Claim's first step included: a
+    /// first step slowed by a starved pool shortens the wait rather than
+    /// pushing its end past the call's deadline.
     pub async fn claim_waiting(
         &self,
         request: ClaimRequest,
         wait: Duration,
     ) -> Result<Waited, Error> {
+        let wait_until = Instant::now() + wait;
         let new_lease = self.new_lease(request)?;
         let outcome = self.claim_lease(&new_lease).await?;
-        if wait.is_zero() || !matches!(outcome, ClaimOutcome::InProgress { .. }) {
+        if wait.is_zero()
+            || Instant::now() >= wait_until
+            || !matches!(outcome, ClaimOutcome::InProgress { .. })
+        {
             return Ok(Waited {
                 outcome,
                 waited: Duration::ZERO,
@@ -215,8 +223,7 @@ impl<S: Store> Lifecycle<S> {
             });
         };
         let started = Instant::now();
-        let deadline = started + wait;
-        let outcome = self.wait_on(&waiting, &new_lease, deadline).await;
+        let outcome = self.wait_on(&waiting, &new_lease, wait_until).await;
         let waited = started.elapsed();
         let name = match &outcome {
             Ok(ClaimOutcome::Completed { .. }) => "completed",
