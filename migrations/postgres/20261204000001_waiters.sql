@@ -18,8 +18,6 @@
 -- triggers run on the workers, whose NOTIFY never reaches the coordinator's
 -- listeners; waiting replicas there read the key again at a bounded interval
 -- instead (docs/scaling.md).
-ALTER TABLE idempotency_records ADD COLUMN watched boolean NOT NULL DEFAULT false;
-
 CREATE FUNCTION idempotency_records_settled() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -28,6 +26,11 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- After the function: on Citus, a function is created on the workers too,
+-- which a transaction can no longer do once it ran a parallel (multi-shard)
+-- command such as this ALTER TABLE.
+ALTER TABLE idempotency_records ADD COLUMN watched boolean NOT NULL DEFAULT false;
 
 DO $$
 BEGIN

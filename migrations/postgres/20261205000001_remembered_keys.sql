@@ -16,17 +16,15 @@
 -- only the Claim that re-executes it (RECLAIM), Purge and the reaper change
 -- it.
 --
--- A nullable column without a default changes only the catalog. The state
--- check is replaced without a scan (NOT VALID: every existing row is in 1..3
--- already). During a rolling upgrade, replicas of the previous version set
+-- The table's changes come last (below): on Citus a function is created on
+-- the workers too, which a transaction can no longer do once it ran a
+-- parallel (multi-shard) command such as an ALTER TABLE. A nullable column
+-- without a default changes only the catalog. The state check is replaced
+-- without a scan (NOT VALID: every existing row is in 1..3 already). During
+-- a rolling upgrade, replicas of the previous version set
 -- no horizon, take over or reap an expired record as before (a key they
 -- touch is not remembered), and answer INTERNAL for a marker they read
 -- (state 4 is unknown to them), never a wrong replay.
-ALTER TABLE idempotency_records ADD COLUMN remember_until timestamptz;
-ALTER TABLE idempotency_records DROP CONSTRAINT idempotency_records_state_check;
-ALTER TABLE idempotency_records
-    ADD CONSTRAINT idempotency_records_state_check CHECK (state IN (1, 2, 3, 4)) NOT VALID;
-
 -- COMPLETE_MANY with each item's horizon (remember_us: NULL remembers
 -- nothing). The five-argument version stays for replicas of the previous
 -- version during a rolling upgrade.
@@ -289,3 +287,9 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+
+-- The table: the horizon's column and the marker's state.
+ALTER TABLE idempotency_records ADD COLUMN remember_until timestamptz;
+ALTER TABLE idempotency_records DROP CONSTRAINT idempotency_records_state_check;
+ALTER TABLE idempotency_records
+    ADD CONSTRAINT idempotency_records_state_check CHECK (state IN (1, 2, 3, 4)) NOT VALID;
