@@ -31,7 +31,7 @@ async fn every_counter_moves_under_a_scripted_load() {
 
     // claimed, in_progress, completed (replay), fingerprint_mismatch, a
     // retried Claim, a lost lease, a takeover, an invalid argument, and a
-    // record the reaper deletes.
+    // completed record the reaper turns into a marker (a remembered key).
     let mut first = claim_request("payments", "a");
     first.fingerprint = b"A".to_vec();
     let a = client.claim(first).await.unwrap().into_inner();
@@ -114,15 +114,16 @@ async fn every_counter_moves_under_a_scripted_load() {
     let metrics = eventually(Duration::from_secs(15), || async {
         let m = scrape(metrics_port).await;
         let reaped = m
-            .get("idempotency_reaper_deleted_total")
+            .get("idempotency_reaper_remembered_total")
             .copied()
             .unwrap_or(0.0)
             >= 1.0;
-        let counted = m.get("idempotency_records{state=\"completed\"}") == Some(&1.0);
+        let counted = m.get("idempotency_records{state=\"completed\"}") == Some(&1.0)
+            && m.get("idempotency_records{state=\"remembered\"}") == Some(&1.0);
         (reaped && counted).then_some(m)
     })
     .await
-    .expect("the reaper deleted the expired record and the gauge counted the rest");
+    .expect("the reaper made a marker of the expired record and the gauge counted both");
     let value = |name: &str| {
         metrics
             .get(name)
@@ -170,6 +171,14 @@ async fn every_counter_moves_under_a_scripted_load() {
     );
     assert!(value("idempotency_call_duration_seconds_count{method=\"Claim\"}") >= 7.0);
     assert!(value("idempotency_reaper_runs_total{result=\"ok\"}") >= 1.0);
+    assert_eq!(
+        value("idempotency_errors_total{method=\"Claim\",reason=\"INVALID_ARGUMENT\"}"),
+        1.0
+    );
+    assert_eq!(
+        value("idempotency_errors_total{method=\"Complete\",reason=\"LEASE_LOST\"}"),
+        1.0
+    );
     assert_eq!(value("idempotency_store_up"), 1.0);
     assert!(value("idempotency_db_pool_max") >= 1.0);
     assert!(metrics.contains_key("idempotency_db_pool_waiting"));

@@ -2,10 +2,14 @@
 //! protobuf (truncated, invalid UTF-8 in a string, nested past prost's limit)
 //! is INVALID_ARGUMENT, with prost's message naming the field, rather than
 //! INTERNAL: the fault is the caller's, and INTERNAL is for the server's bugs.
+//! Like every refusal of the service's, it carries ErrorInfo and a
+//! FieldViolation (the field `request`).
 
 use tonic::codec::{BufferSettings, Codec as TonicCodec, DecodeBuf, Decoder};
 use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
+
+use crate::error::Error;
 
 #[derive(Debug, Clone, Default)]
 pub struct Codec<T, U>(ProstCodec<T, U>);
@@ -37,10 +41,10 @@ impl<D: Decoder<Error = Status>> Decoder for CodecDecoder<D> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
         self.0.decode(buf).map_err(|status| match status.code() {
-            Code::Internal => Status::invalid_argument(format!(
-                "the message is not valid protobuf: {}",
-                status.message()
-            )),
+            Code::Internal => super::status::to_status(Error::InvalidArgument {
+                field: "request".into(),
+                reason: format!("the message is not valid protobuf: {}", status.message()).into(),
+            }),
             _ => status,
         })
     }
