@@ -17,5 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .codec_path("crate::grpc::codec::Codec")
         .compile_protos(&["proto/idempotency/v1/idempotency.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto");
+    // sqlx::migrate! embeds the migrations at compile time; a changed or
+    // new migration must rebuild the crate.
+    println!("cargo:rerun-if-changed=migrations");
     Ok(())
 }

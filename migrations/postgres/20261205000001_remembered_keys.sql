@@ -288,8 +288,16 @@ BEGIN
 END
 $$;
 
--- The table: the horizon's column and the marker's state.
+-- The table: the horizon's column and the marker's state. The constraint
+-- is added through EXECUTE: Citus sends an ADD CONSTRAINT to the workers as
+-- the text of the statement it came in, and a migration's text holds many
+-- statements, which a worker refuses ("cannot insert multiple commands into
+-- a prepared statement").
 ALTER TABLE idempotency_records ADD COLUMN remember_until timestamptz;
 ALTER TABLE idempotency_records DROP CONSTRAINT idempotency_records_state_check;
-ALTER TABLE idempotency_records
-    ADD CONSTRAINT idempotency_records_state_check CHECK (state IN (1, 2, 3, 4)) NOT VALID;
+DO $$
+BEGIN
+    EXECUTE 'ALTER TABLE idempotency_records ADD CONSTRAINT idempotency_records_state_check '
+            'CHECK (state IN (1, 2, 3, 4)) NOT VALID';
+END
+$$;
