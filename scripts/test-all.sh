@@ -23,6 +23,7 @@
 #      the checker reads;
 #   6. the benchmark scripts' smoke runs (compare.sh: the hand-written SQL,
 #      pgbench and idempotency-bench, briefly; large-table.sh on small tables;
+#      marker-bytes.sh on a few thousand keys;
 #      callgrind.sh for 100 cycles);
 #   7. the deployment checks (Helm chart, proto lint and breaking changes).
 #
@@ -94,6 +95,8 @@ step "Waiting Claims against polling (smoke: 3 rounds of each, 64 duplicates)"
 bash bench/wait.sh --smoke
 step "Large-table benchmark (smoke: tens of thousands of rows)"
 bash bench/large-table.sh --smoke
+step "Bytes per remembered key's marker (smoke: a few thousand keys on each store)"
+bash bench/marker-bytes.sh --smoke
 step "A lone call's instructions and system calls (smoke: 100 cycles)"
 BENCH_CYCLES=100 BENCH_WARMUP=20 BENCH_LEVELS=warn BENCH_SKIP_BUILD=1 bash bench/callgrind.sh
 
