@@ -383,7 +383,8 @@ pub struct Record {
     /// The last checkpoint saved since the key was last absent or completed.
     pub checkpoint: Option<Checkpoint>,
     /// A completed record's horizon: until when its key is remembered once
-    /// `expires_at` passes. `None`: forgotten when it expires.
+    /// `expires_at` passes (a horizon not later than that remembers
+    /// nothing). `None`: forgotten when it expires.
     pub remember_until: Option<SystemTime>,
 }
 

@@ -4,8 +4,9 @@
 -- fencing token, or refuse) instead of looking new.
 --
 -- remember_until: on a completed record (state 2), the horizon its Complete
--- set (`remember_for` after it), NULL when nothing is remembered past the
--- retention. Between expires_at and remember_until the key is remembered.
+-- set (`remember_for` after it; NULL when the server remembers nothing).
+-- The key is remembered while expires_at <= now() < remember_until: a
+-- horizon not later than the result's expiry remembers nothing.
 --
 -- State 4, the marker: the reaper turns a remembered completed record into
 -- one (REAP in src/store/postgres/sql.rs, idempotency_reap_remembering on
@@ -46,10 +47,8 @@ BEGIN
             expires_at = ((now() AT TIME ZONE 'UTC')
                 + coalesce(retentions_us[i], r.retention_us)::float8 * interval '1 microsecond')
                 AT TIME ZONE 'UTC',
-            remember_until = CASE WHEN remember_us[i] > coalesce(retentions_us[i], r.retention_us)
-                THEN ((now() AT TIME ZONE 'UTC')
-                      + remember_us[i]::float8 * interval '1 microsecond') AT TIME ZONE 'UTC'
-                END,
+            remember_until = ((now() AT TIME ZONE 'UTC')
+                + remember_us[i]::float8 * interval '1 microsecond') AT TIME ZONE 'UTC',
             updated_at = now(), checkpoint = NULL, checkpoint_fencing = NULL
         WHERE r.namespace = n AND r.key = k
           AND r.state = 1 AND r.lease_token = lease_tokens[i] AND r.expires_at > now()

@@ -70,13 +70,12 @@ WHERE (r.expires_at <= ?7 AND NOT (r.state = 2 AND coalesce(r.remember_until > ?
             OR r.fingerprint = excluded.fingerprint))
 RETURNING fencing_token, lease_expires_at, expires_at, checkpoint, checkpoint_fencing";
 
-/// As PostgreSQL's COMPLETE: the horizon is ?7 (remember_for) after now
-/// when that is later than the result's expiry.
+/// As PostgreSQL's COMPLETE: the horizon is ?7 (remember_for) after now.
 const COMPLETE: &str = "
 UPDATE idempotency_records
 SET state = 2, response = ?4, lease_expires_at = NULL,
     expires_at = ?6 + coalesce(?5, retention_us),
-    remember_until = CASE WHEN ?7 > coalesce(?5, retention_us) THEN ?6 + ?7 END,
+    remember_until = ?6 + ?7,
     updated_at = ?6, checkpoint = NULL, checkpoint_fencing = NULL
 WHERE namespace = ?1 AND key = ?2 AND state = 1 AND lease_token = ?3 AND expires_at > ?6
 RETURNING expires_at";

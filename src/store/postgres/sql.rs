@@ -230,16 +230,17 @@ pub(super) const TRY_CLAIM: &str = concat!(
 /// lease itself may have run out: until someone else claims the key, its
 /// holder may still finish.
 ///
-/// Complete sets the key's horizon, $6 (remember_for) after now, when that
-/// is later than the result's expiry (else nothing is remembered).
+/// Complete sets the key's horizon, $6 (remember_for) after now (NULL: none).
+/// A horizon not later than the result's expiry remembers nothing: the key
+/// is remembered only while expires_at <= now() < remember_until. (No CASE
+/// comparing $6 with the retention here: Citus cannot plan a parameter
+/// beside a column in one.)
 pub(super) const COMPLETE: &str = "
 UPDATE idempotency_records
 SET state = 2, response = $4, lease_expires_at = NULL,
     expires_at = ((now() AT TIME ZONE 'UTC') + coalesce($5, retention_us)::float8 * interval '1 microsecond')
                  AT TIME ZONE 'UTC',
-    remember_until = CASE WHEN $6 > coalesce($5, retention_us)
-        THEN ((now() AT TIME ZONE 'UTC') + $6::float8 * interval '1 microsecond') AT TIME ZONE 'UTC'
-        END,
+    remember_until = ((now() AT TIME ZONE 'UTC') + $6::float8 * interval '1 microsecond') AT TIME ZONE 'UTC',
     updated_at = now(), checkpoint = NULL, checkpoint_fencing = NULL
 WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_token = $3 AND expires_at > now()
 RETURNING expires_at";
