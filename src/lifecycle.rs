@@ -187,7 +187,7 @@ impl<S: Store> Lifecycle<S> {
     }
 
     /// A Claim that may wait up to `wait` (already within the server's
-    /// maximum and the call's deadline) for another holder's live lease to
+    /// maximum) for another holder's live lease to
     /// end. It answers as a Claim would, except that OUTCOME_IN_PROGRESS
     /// becomes: the stored result once the holder completes (a mismatch when
     /// the fingerprints differ), the lease once the holder released, its
@@ -195,19 +195,20 @@ impl<S: Store> Lifecycle<S> {
     /// claim, or OUTCOME_IN_PROGRESS when the wait ran out, the server is
     /// shutting down, or too many Claims wait already (then at once).
     ///
-    /// `wait` counts from this call, the Claim's first step included: a
-    /// first step slowed by a starved pool shortens the wait rather than
-    /// pushing its end past the call's deadline.
+    /// `wait` counts from when the Claim starts to wait; `answer_by` (the
+    /// call's deadline less a margin, fixed when the call arrived) bounds it
+    /// whatever the first step took: a first step slowed by a starved pool
+    /// shortens the wait rather than pushing its end past the deadline.
     pub async fn claim_waiting(
         &self,
         request: ClaimRequest,
         wait: Duration,
+        answer_by: Option<Instant>,
     ) -> Result<Waited, Error> {
-        let wait_until = Instant::now() + wait;
         let new_lease = self.new_lease(request)?;
         let outcome = self.claim_lease(&new_lease).await?;
         if wait.is_zero()
-            || Instant::now() >= wait_until
+            || answer_by.is_some_and(|by| Instant::now() >= by)
             || !matches!(outcome, ClaimOutcome::InProgress { .. })
         {
             return Ok(Waited {
@@ -223,7 +224,8 @@ impl<S: Store> Lifecycle<S> {
             });
         };
         let started = Instant::now();
-        let outcome = self.wait_on(&waiting, &new_lease, wait_until).await;
+        let until = answer_by.map_or(started + wait, |by| by.min(started + wait));
+        let outcome = self.wait_on(&waiting, &new_lease, until).await;
         let waited = started.elapsed();
         let name = match &outcome {
             Ok(ClaimOutcome::Completed { .. }) => "completed",

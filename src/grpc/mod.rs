@@ -287,15 +287,15 @@ fn answer_margin(left: Duration) -> Duration {
     (left / 10).clamp(Duration::from_millis(10), Duration::from_millis(250))
 }
 
-/// A Claim's wait, ending early enough to answer before the call's deadline.
-fn within_deadline(wait: Duration, deadline: Option<tokio::time::Instant>) -> Duration {
-    match deadline {
-        None => wait,
-        Some(deadline) => {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            wait.min(left.saturating_sub(answer_margin(left)))
-        }
-    }
+/// When a waiting Claim must answer by, early enough to reach the caller
+/// before the call's deadline: fixed when the call arrives, so that a slow
+/// first step shortens the wait instead of pushing it past the deadline.
+fn answer_by(deadline: Option<tokio::time::Instant>) -> Option<tokio::time::Instant> {
+    deadline.map(|deadline| {
+        let now = tokio::time::Instant::now();
+        let left = deadline.saturating_duration_since(now);
+        now + left.saturating_sub(answer_margin(left))
+    })
 }
 
 fn parse_complete(request: proto::CompleteRequest) -> Result<lifecycle::CompleteRequest, Error> {
@@ -478,8 +478,9 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
             let request = parse_claim(request)?;
             log.namespace = Some(request.namespace.clone());
             log.caller.check_namespace(&request.namespace)?;
-            let wait = within_deadline(self.lifecycle.limits().wait(wait)?, deadline);
-            self.lifecycle.claim_waiting(request, wait).await
+            let wait = self.lifecycle.limits().wait(wait)?;
+            let answer_by = answer_by(deadline);
+            self.lifecycle.claim_waiting(request, wait, answer_by).await
         }
         .instrument(span)
         .await;
