@@ -16,18 +16,20 @@ SELECT true AS inserted, now() AS now, NULL::int2 AS state, i.fencing_token,
        NULL::bytea AS lease_token, NULL::bytea AS fingerprint, NULL::bytea AS response,
        NULL::int8 AS retention_us, i.lease_expires_at, i.expires_at,
        NULL::timestamptz AS created_at, NULL::timestamptz AS updated_at,
-       NULL::bytea AS checkpoint, NULL::int8 AS checkpoint_fencing
+       NULL::bytea AS checkpoint, NULL::int8 AS checkpoint_fencing,
+       NULL::timestamptz AS remember_until
 FROM inserted AS i
 UNION ALL
 SELECT false, now(), r.state, r.fencing_token, r.lease_token, r.fingerprint, r.response,
        r.retention_us, r.lease_expires_at, r.expires_at, r.created_at, r.updated_at,
-       r.checkpoint, r.checkpoint_fencing
+       r.checkpoint, r.checkpoint_fencing, r.remember_until
 FROM idempotency_records AS r
 WHERE r.namespace = :ns::text AND r.key = :k::text AND NOT EXISTS (SELECT FROM inserted);
 UPDATE idempotency_records
 SET state = 2, response = :resp::bytea, lease_expires_at = NULL,
     expires_at = ((now() AT TIME ZONE 'UTC') + coalesce(NULL::bigint, retention_us)::float8 * interval '1 microsecond')
                  AT TIME ZONE 'UTC',
+    remember_until = ((now() AT TIME ZONE 'UTC') + 604800000000::bigint::float8 * interval '1 microsecond') AT TIME ZONE 'UTC',
     updated_at = now(), checkpoint = NULL, checkpoint_fencing = NULL
 WHERE namespace = :ns::text AND key = :k::text AND state = 1 AND lease_token = :token::bytea AND expires_at > now()
 RETURNING expires_at;

@@ -24,8 +24,10 @@ ON CONFLICT (namespace, key) DO UPDATE SET
     updated_at = excluded.updated_at,
     checkpoint = CASE WHEN r.expires_at <= excluded.created_at THEN NULL ELSE r.checkpoint END,
     checkpoint_fencing = CASE WHEN r.expires_at <= excluded.created_at THEN NULL
-                              ELSE r.checkpoint_fencing END
-WHERE r.expires_at <= excluded.created_at
+                              ELSE r.checkpoint_fencing END,
+    remember_until = NULL
+WHERE (r.expires_at <= excluded.created_at
+       AND NOT (r.state = 2 AND coalesce(r.remember_until > excluded.created_at, false)))
    OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= excluded.created_at))
        AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
             OR r.fingerprint = excluded.fingerprint))
@@ -34,6 +36,7 @@ UPDATE idempotency_records
 SET state = 2, response = :resp::bytea, lease_expires_at = NULL,
     expires_at = ((now() AT TIME ZONE 'UTC') + coalesce(NULL::bigint, retention_us)::float8 * interval '1 microsecond')
                  AT TIME ZONE 'UTC',
+    remember_until = ((now() AT TIME ZONE 'UTC') + 604800000000::bigint::float8 * interval '1 microsecond') AT TIME ZONE 'UTC',
     updated_at = now(), checkpoint = NULL, checkpoint_fencing = NULL
 WHERE namespace = :ns::text AND key = :k::text AND state = 1 AND lease_token = :token::bytea AND expires_at > now()
 RETURNING expires_at;

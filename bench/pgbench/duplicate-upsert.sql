@@ -23,8 +23,10 @@ ON CONFLICT (namespace, key) DO UPDATE SET
     updated_at = excluded.updated_at,
     checkpoint = CASE WHEN r.expires_at <= excluded.created_at THEN NULL ELSE r.checkpoint END,
     checkpoint_fencing = CASE WHEN r.expires_at <= excluded.created_at THEN NULL
-                              ELSE r.checkpoint_fencing END
-WHERE r.expires_at <= excluded.created_at
+                              ELSE r.checkpoint_fencing END,
+    remember_until = NULL
+WHERE (r.expires_at <= excluded.created_at
+       AND NOT (r.state = 2 AND coalesce(r.remember_until > excluded.created_at, false)))
    OR ((r.state = 3 OR (r.state = 1 AND r.lease_expires_at <= excluded.created_at))
        AND (r.fingerprint IS NULL OR excluded.fingerprint IS NULL
             OR r.fingerprint = excluded.fingerprint))

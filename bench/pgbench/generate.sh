@@ -18,7 +18,8 @@
 # :ttl_us::bigint/:ret_us::bigint, and the Complete's response ->
 # :resp::bytea. The store binds a NULL fingerprint and a NULL Complete
 # retention when the caller sends none (the load generator sends none), so
-# those become typed NULLs.
+# those become typed NULLs. The Complete's $6 is the key's remember_for in
+# microseconds: the server's default, 7 days.
 #
 # claim-unnest64.sql is not generated: pgbench cannot bind an array it
 # builds, so it is the issue's 64-key yardstick, written by hand from
@@ -87,7 +88,8 @@ CLAIM_OR_FETCH=$(extract CLAIM_OR_FETCH | bind -e 's/\$1\b/:ns::text/g' -e 's/\$
   -e 's/\$3\b/:token::bytea/g' -e 's/\$4\b/NULL::bytea/g' \
   -e 's/\$5\b/:ttl_us::bigint/g' -e 's/\$6\b/:ret_us::bigint/g')
 COMPLETE=$(extract COMPLETE | bind -e 's/\$1\b/:ns::text/g' -e 's/\$2\b/:k::text/g' \
-  -e 's/\$3\b/:token::bytea/g' -e 's/\$4\b/:resp::bytea/g' -e 's/\$5\b/NULL::bigint/g')
+  -e 's/\$3\b/:token::bytea/g' -e 's/\$4\b/:resp::bytea/g' -e 's/\$5\b/NULL::bigint/g' \
+  -e 's/\$6\b/604800000000::bigint/g')
 for name in CLAIM_OR_FETCH TRY_CLAIM COMPLETE; do
   if [[ -z "${!name}" ]]; then
     echo "generate.sh: could not find const $name in $src" >&2
