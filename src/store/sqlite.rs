@@ -331,6 +331,38 @@ fn checkpoint_from_row(row: &SqliteRow) -> Result<Option<Checkpoint>, Error> {
     ))
 }
 
+impl SqliteStore {
+    /// Runs a statement that claims a key with `lease` (TRY_CLAIM, RECLAIM:
+    /// ?1 to ?6 as a new record's columns, ?7 now) and reads the lease it
+    /// returns, if it applied.
+    async fn claiming(
+        &self,
+        operation: &'static str,
+        statement: &'static str,
+        lease: &NewLease,
+    ) -> Result<Option<Lease>, Error> {
+        let row = self
+            .budget
+            .run(operation, async {
+                let mut conn = self.writer.acquire().await?;
+                sqlx::query(statement)
+                    .bind(lease.namespace.as_str())
+                    .bind(lease.key.as_str())
+                    .bind(lease.lease_token.as_bytes().as_slice())
+                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                    .bind(micros(lease.lease_ttl))
+                    .bind(micros(lease.retention))
+                    .bind(now_us())
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map(first)
+            })
+            .await?;
+        row.map(|row| lease_from_row(&row, lease.lease_token))
+            .transpose()
+    }
+}
+
 impl Store for SqliteStore {
     fn kind(&self) -> &'static str {
         "sqlite"
@@ -357,47 +389,11 @@ impl Store for SqliteStore {
     }
 
     async fn try_claim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
-        let row = self
-            .budget
-            .run("try_claim", async {
-                let mut conn = self.writer.acquire().await?;
-                sqlx::query(TRY_CLAIM)
-                    .bind(lease.namespace.as_str())
-                    .bind(lease.key.as_str())
-                    .bind(lease.lease_token.as_bytes().as_slice())
-                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
-                    .bind(micros(lease.lease_ttl))
-                    .bind(micros(lease.retention))
-                    .bind(now_us())
-                    .fetch_all(&mut *conn)
-                    .await
-                    .map(first)
-            })
-            .await?;
-        row.map(|row| lease_from_row(&row, lease.lease_token))
-            .transpose()
+        self.claiming("try_claim", TRY_CLAIM, lease).await
     }
 
     async fn reclaim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
-        let row = self
-            .budget
-            .run("reclaim", async {
-                let mut conn = self.writer.acquire().await?;
-                sqlx::query(RECLAIM)
-                    .bind(lease.namespace.as_str())
-                    .bind(lease.key.as_str())
-                    .bind(lease.lease_token.as_bytes().as_slice())
-                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
-                    .bind(micros(lease.lease_ttl))
-                    .bind(micros(lease.retention))
-                    .bind(now_us())
-                    .fetch_all(&mut *conn)
-                    .await
-                    .map(first)
-            })
-            .await?;
-        row.map(|row| lease_from_row(&row, lease.lease_token))
-            .transpose()
+        self.claiming("reclaim", RECLAIM, lease).await
     }
 
     async fn complete(

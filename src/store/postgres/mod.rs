@@ -376,6 +376,35 @@ impl EngineCell {
     }
 }
 
+impl PostgresStore {
+    /// Runs a statement that claims a key with `lease` (TRY_CLAIM, RECLAIM:
+    /// both take $1 to $6 as a new record's columns) and reads the lease it
+    /// returns, if it applied.
+    async fn claiming(
+        &self,
+        operation: &'static str,
+        statement: &'static str,
+        lease: &NewLease,
+    ) -> Result<Option<Lease>, Error> {
+        let row = self
+            .budget
+            .run(
+                operation,
+                held!(self, |conn| sqlx::query(statement)
+                    .bind(lease.namespace.as_str())
+                    .bind(lease.key.as_str())
+                    .bind(lease.lease_token.as_bytes().as_slice())
+                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                    .bind(micros(lease.lease_ttl))
+                    .bind(micros(lease.retention))
+                    .fetch_optional(conn)),
+            )
+            .await?;
+        row.map(|row| lease_from_row(&row, lease.lease_token))
+            .transpose()
+    }
+}
+
 impl Store for PostgresStore {
     fn kind(&self) -> &'static str {
         "postgres"
@@ -440,22 +469,7 @@ impl Store for PostgresStore {
     }
 
     async fn try_claim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
-        let row = self
-            .budget
-            .run(
-                "try_claim",
-                held!(self, |conn| sqlx::query(TRY_CLAIM)
-                    .bind(lease.namespace.as_str())
-                    .bind(lease.key.as_str())
-                    .bind(lease.lease_token.as_bytes().as_slice())
-                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
-                    .bind(micros(lease.lease_ttl))
-                    .bind(micros(lease.retention))
-                    .fetch_optional(conn)),
-            )
-            .await?;
-        row.map(|row| lease_from_row(&row, lease.lease_token))
-            .transpose()
+        self.claiming("try_claim", TRY_CLAIM, lease).await
     }
 
     async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
@@ -669,22 +683,7 @@ impl Store for PostgresStore {
     }
 
     async fn reclaim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
-        let row = self
-            .budget
-            .run(
-                "reclaim",
-                held!(self, |conn| sqlx::query(RECLAIM)
-                    .bind(lease.namespace.as_str())
-                    .bind(lease.key.as_str())
-                    .bind(lease.lease_token.as_bytes().as_slice())
-                    .bind(lease.fingerprint.as_ref().map(Fingerprint::as_bytes))
-                    .bind(micros(lease.lease_ttl))
-                    .bind(micros(lease.retention))
-                    .fetch_optional(conn)),
-            )
-            .await?;
-        row.map(|row| lease_from_row(&row, lease.lease_token))
-            .transpose()
+        self.claiming("reclaim", RECLAIM, lease).await
     }
 
     async fn release(
