@@ -260,6 +260,13 @@ pub struct Config {
     #[arg(long, env = "IDEMPOTENCY_COALESCE", default_value_t = true, action = clap::ArgAction::Set)]
     pub coalesce: bool,
 
+    /// For the tests only: on plain PostgreSQL, send the statements and
+    /// functions the store sends on Citus (the conformance suite runs them so
+    /// that, without Citus, a rule the two engines write differently fails a
+    /// test). Never needed in production: the store finds Citus by itself.
+    #[arg(long, env = "IDEMPOTENCY_CITUS_STATEMENTS", default_value_t = false, hide = true, action = clap::ArgAction::Set)]
+    pub citus_statements: bool,
+
     /// The most calls coalesced into one statement.
     #[arg(long, env = "IDEMPOTENCY_COALESCE_MAX_BATCH", default_value_t = 128)]
     pub coalesce_max_batch: usize,
@@ -347,6 +354,7 @@ impl Config {
             window: self.coalesce_window,
             workers: self.coalesce_workers,
             timeout: self.db_timeout,
+            split_failed: false,
         }
     }
 
@@ -367,6 +375,7 @@ impl Config {
             data_dir: self.data_dir.clone(),
             pool_size: self.db_pool_size,
             timeout: self.db_timeout,
+            citus_statements: self.citus_statements,
         })
     }
 

@@ -119,6 +119,7 @@ mod tests {
             data_dir: dir.path().to_owned(),
             pool_size: 2,
             timeout: Duration::from_secs(5),
+            citus_statements: false,
         };
         let store = SqliteStore::open(&dir.path().join("reaper.db"), &options, "test")
             .await

@@ -3,8 +3,10 @@
 //! Each case is an `async fn(Backend)` in a module of tests/conformance/, one
 //! module a subject; the list below makes one test per store (`postgres::…`,
 //! with concurrent calls coalesced as in production, `postgres_uncoalesced::…`,
-//! one statement per call, and `sqlite::…`). A new case goes into its module
-//! and into this list.
+//! one statement per call, `postgres_citus_sql::…`, plain PostgreSQL running
+//! the statements and functions the store sends on Citus, so that the two
+//! engines' rules are held to one contract without Citus, and `sqlite::…`).
+//! A new case goes into its module and into this list.
 
 support::conformance!(
     claim::a_claim_on_a_new_key_gets_a_lease_and_fencing_token_one,

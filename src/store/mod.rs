@@ -349,6 +349,9 @@ pub struct StoreOptions {
     /// How long one store operation may take, connecting included, before the
     /// call fails with UNAVAILABLE instead of hanging until the caller's deadline.
     pub timeout: Duration,
+    /// On plain PostgreSQL, the statements the store sends on Citus (for the
+    /// tests: `Config::citus_statements`).
+    pub citus_statements: bool,
 }
 
 /// The store the configuration picked.
@@ -561,6 +564,7 @@ mod tests {
             data_dir: PathBuf::from("./data"),
             pool_size: 4,
             timeout: Duration::from_secs(1),
+            citus_statements: false,
         }
     }
 

@@ -43,6 +43,10 @@ pub enum Backend {
     Postgres,
     /// PostgreSQL, one statement per call.
     PostgresUncoalesced,
+    /// Plain PostgreSQL running the statements and functions the store sends
+    /// on Citus (IDEMPOTENCY_CITUS_STATEMENTS), coalesced: the two engines'
+    /// rules must agree, and this needs no Citus.
+    PostgresCitusSql,
     Sqlite,
 }
 
@@ -59,7 +63,9 @@ impl StoreFixture {
         let temp = tempfile::tempdir().expect("temp dir");
         let database_url = match backend {
             Backend::Sqlite => None,
-            Backend::Postgres | Backend::PostgresUncoalesced => Some(fresh_postgres_schema().await),
+            Backend::Postgres | Backend::PostgresUncoalesced | Backend::PostgresCitusSql => {
+                Some(fresh_postgres_schema().await)
+            }
         };
         Self {
             backend,
@@ -136,6 +142,7 @@ impl StoreFixture {
         config.db_pool_size = 8;
         config.metrics_addr = String::new();
         config.coalesce = self.backend != Backend::PostgresUncoalesced;
+        config.citus_statements = self.backend == Backend::PostgresCitusSql;
         config
     }
 }

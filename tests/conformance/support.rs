@@ -32,6 +32,14 @@ macro_rules! conformance {
                 }
             )*
         }
+        mod postgres_citus_sql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    crate::$module::$case(crate::common::Backend::PostgresCitusSql).await
+                }
+            )*
+        }
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

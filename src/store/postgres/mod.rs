@@ -12,11 +12,14 @@
 //! `connections` (keeping connections between statements, and dropping dead
 //! ones after a restart), `feed` (the purge feed and its heartbeats),
 //! `sqlstate` (what the service knows of PostgreSQL's error codes), `rows`
-//! (decoding rows, binding batches), and here the `Store` impl and start-up.
+//! (decoding rows, binding batches), `shards` (on Citus, which worker holds
+//! a key, to send a batch once per worker), and here the `Store` impl and
+//! start-up.
 
 mod connections;
 mod feed;
 mod rows;
+mod shards;
 mod sql;
 pub(crate) mod sqlstate;
 
@@ -32,9 +35,10 @@ use tokio_util::sync::CancellationToken;
 
 use self::connections::{Connections, Suspicion, held};
 use self::rows::{
-    LeaseArrays, by_key, distinct_in_key_order, first_claim_from_row, lease_from_row, purged_from,
-    snapshot_from_row, stats_from_rows, system_time,
+    LeaseArrays, PgQuery, by_key, distinct_in_key_order, first_claim_from_row, lease_from_row,
+    purged_from, snapshot_from_row, stats_from_rows, system_time,
 };
+pub use self::shards::hashtext;
 use self::sql::*;
 use self::sqlstate::connection_lost;
 use super::{
@@ -64,6 +68,10 @@ pub struct PostgresStore {
     feed_stop: CancellationToken,
     /// The purge feed, started by the first purge or subscription.
     feed: feed::Slot,
+    /// On Citus, which worker holds each shard (read when first needed).
+    shards: Arc<shards::Shards>,
+    /// Citus's statements on plain PostgreSQL (`StoreOptions::citus_statements`).
+    citus_statements: bool,
 }
 
 impl PostgresStore {
@@ -89,6 +97,7 @@ impl PostgresStore {
         let checks = suspicion.clone();
         let engine = Arc::new(EngineCell::default());
         let found = engine.clone();
+        let forced = options.citus_statements;
         let pool = PgPoolOptions::new()
             .max_connections(options.pool_size + 1)
             .min_connections(0)
@@ -115,7 +124,13 @@ impl PostgresStore {
                             return Err(sqlx::Error::Configuration(CITUS_WORKER.into()));
                         }
                     }
-                    found.set(citus.as_deref());
+                    if citus.is_some() || forced {
+                        sqlx::query(CITUS_SESSION).execute(&mut *connection).await?;
+                    }
+                    found.set(match citus.as_deref() {
+                        None if forced => Some(FORCED),
+                        version => version,
+                    });
                     Ok(())
                 })
             })
@@ -139,6 +154,36 @@ impl PostgresStore {
             budget: Budget::new("postgresql", options.timeout),
             feed_stop: CancellationToken::new(),
             feed: feed::Slot::default(),
+            shards: Arc::default(),
+            citus_statements: options.citus_statements,
+        }
+    }
+
+    /// A batch's items (`order`, positions in key order) in the groups its
+    /// statement goes in: one on plain PostgreSQL; on Citus one per worker,
+    /// as the shard map places their keys (shards.rs).
+    fn groups<'a>(&self, order: &[usize], key_of: impl Fn(usize) -> &'a str) -> Vec<Vec<usize>> {
+        if !self.sql().routed {
+            return vec![order.to_vec()];
+        }
+        if self.citus_statements {
+            // Plain PostgreSQL has no shard map: two made-up workers, so that
+            // the tests' batches go in several groups, as on Citus.
+            return shards::group_by_worker(Some(&shards::ShardMap::halves()), order, key_of);
+        }
+        let map = self.shards.current(self.pool());
+        shards::group_by_worker(map.as_deref(), order, key_of)
+    }
+
+    /// A batch statement for one group: on Citus it takes the group's
+    /// routing key first (any of its keys: Citus sends the call to the
+    /// worker holding that key's shard).
+    fn batch<'q>(&self, statement: &'static str, route: &'q str) -> PgQuery<'q> {
+        let query = sqlx::query(statement);
+        if self.sql().routed {
+            query.bind(route)
+        } else {
+            query
         }
     }
 
@@ -175,7 +220,7 @@ impl PostgresStore {
                 self.server()
             )
         })?;
-        if self.engine().await? == Engine::Citus {
+        if self.engine().await? == Engine::Citus && !self.citus_statements {
             let shards: i64 = sqlx::query_scalar(CITUS_SHARDS)
                 .fetch_one(self.pool())
                 .await?;
@@ -346,6 +391,11 @@ async fn citus_worker(connection: &mut PgConnection) -> bool {
     matches!(coordinator, Ok(false))
 }
 
+/// What `EngineCell` is told for plain PostgreSQL running Citus's
+/// statements (the tests' `IDEMPOTENCY_CITUS_STATEMENTS`).
+const FORCED: &str =
+    "none: Citus's statements on plain PostgreSQL (IDEMPOTENCY_CITUS_STATEMENTS, for the tests)";
+
 /// The engine the connections found; logged the first time it is known.
 #[derive(Default)]
 struct EngineCell(std::sync::atomic::AtomicU8);
@@ -501,26 +551,30 @@ impl Store for PostgresStore {
         let order = distinct_in_key_order(leases, |a, b| {
             by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
         });
-        let arrays = LeaseArrays::new(leases, &order);
-        let rows = self
-            .budget
-            .run(
-                "claim_or_fetch_many",
-                held!(self, |conn| arrays
-                    .bind(sqlx::query(self.sql().claim_or_fetch_many))
-                    .fetch_all(conn)),
-            )
-            .await?;
+        let groups = self.groups(&order, |i| leases[i].key.as_str());
+        let statement = self.sql().claim_or_fetch_many;
+        let answers = each_group(&groups, |group| async move {
+            let arrays = LeaseArrays::new(leases, group);
+            let route = leases[group[0]].key.as_str();
+            self.budget
+                .run(
+                    "claim_or_fetch_many",
+                    held!(self, |conn| arrays
+                        .bind(self.batch(statement, route))
+                        .fetch_all(conn)),
+                )
+                .await
+        })
+        .await?;
         let mut results = vec![FirstClaim::Raced; leases.len()];
-        for row in &rows {
-            let ord: i64 = row
-                .try_get("ord")
-                .map_err(|e| Error::Internal(Box::new(e)))?;
-            let i = usize::try_from(ord - 1)
-                .ok()
-                .and_then(|position| order.get(position).copied())
-                .ok_or_else(|| Error::Internal("a batch row names no input".into()))?;
-            results[i] = first_claim_from_row(row, &leases[i])?;
+        for (group, rows) in groups.iter().zip(&answers) {
+            for row in rows {
+                let ord: i64 = row
+                    .try_get("ord")
+                    .map_err(|e| Error::Internal(Box::new(e)))?;
+                let i = item_at(group, ord)?;
+                results[i] = first_claim_from_row(row, &leases[i])?;
+            }
         }
         Ok(results)
     }
@@ -531,19 +585,40 @@ impl Store for PostgresStore {
         if let [(namespace, key)] = keys {
             return Ok(vec![self.fetch(namespace, key).await?]);
         }
-        let namespaces: Vec<&str> = keys.iter().map(|(n, _)| n.as_str()).collect();
-        let names: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
-        let rows = self
-            .budget
-            .run(
-                "fetch_many",
-                held!(self, |conn| sqlx::query(self.sql().fetch_many)
-                    .bind(&namespaces)
-                    .bind(&names)
-                    .fetch_all(conn)),
-            )
-            .await?;
-        rows.iter().map(snapshot_from_row).collect()
+        let order: Vec<usize> = (0..keys.len()).collect();
+        let groups = self.groups(&order, |i| keys[i].1.as_str());
+        let statement = self.sql().fetch_many;
+        let answers = each_group(&groups, |group| async move {
+            let namespaces: Vec<&str> = group.iter().map(|&i| keys[i].0.as_str()).collect();
+            let names: Vec<&str> = group.iter().map(|&i| keys[i].1.as_str()).collect();
+            self.budget
+                .run(
+                    "fetch_many",
+                    held!(self, |conn| self
+                        .batch(statement, names[0])
+                        .bind(&namespaces)
+                        .bind(&names)
+                        .fetch_all(conn)),
+                )
+                .await
+        })
+        .await?;
+        // One row per input, in the group's order.
+        let mut results: Vec<Option<Snapshot>> = vec![None; keys.len()];
+        for (group, rows) in groups.iter().zip(&answers) {
+            if rows.len() != group.len() {
+                return Err(Error::Internal("a batch read lost track of an item".into()));
+            }
+            for (&i, row) in group.iter().zip(rows) {
+                results[i] = Some(snapshot_from_row(row)?);
+            }
+        }
+        results
+            .into_iter()
+            .map(|snapshot| {
+                snapshot.ok_or_else(|| Error::Internal("a batch read missed an item".into()))
+            })
+            .collect()
     }
 
     async fn try_claim_many(&self, leases: &[NewLease]) -> Result<Vec<Option<Lease>>, Error> {
@@ -554,19 +629,24 @@ impl Store for PostgresStore {
         let order = distinct_in_key_order(leases, |a, b| {
             by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
         });
-        let arrays = LeaseArrays::new(leases, &order);
-        let rows = self
-            .budget
-            .run(
-                "try_claim_many",
-                held!(self, |conn| arrays
-                    .bind(sqlx::query(self.sql().try_claim_many))
-                    .fetch_all(conn)),
-            )
-            .await?;
+        let groups = self.groups(&order, |i| leases[i].key.as_str());
+        let statement = self.sql().try_claim_many;
+        let answers = each_group(&groups, |group| async move {
+            let arrays = LeaseArrays::new(leases, group);
+            let route = leases[group[0]].key.as_str();
+            self.budget
+                .run(
+                    "try_claim_many",
+                    held!(self, |conn| arrays
+                        .bind(self.batch(statement, route))
+                        .fetch_all(conn)),
+                )
+                .await
+        })
+        .await?;
         let get = |e: sqlx::Error| Error::Internal(Box::new(e));
-        let mut won = HashMap::with_capacity(rows.len());
-        for row in &rows {
+        let mut won = HashMap::with_capacity(order.len());
+        for row in answers.iter().flatten() {
             let namespace: String = row.try_get("namespace").map_err(get)?;
             let key: String = row.try_get("key").map_err(get)?;
             won.insert((namespace, key), row);
@@ -610,48 +690,42 @@ impl Store for PostgresStore {
             by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
                 .then_with(|| a.lease_token.as_bytes().cmp(b.lease_token.as_bytes()))
         });
-        let namespaces: Vec<&str> = order
-            .iter()
-            .map(|&i| completions[i].namespace.as_str())
-            .collect();
-        let names: Vec<&str> = order.iter().map(|&i| completions[i].key.as_str()).collect();
-        let tokens: Vec<&[u8]> = order
-            .iter()
-            .map(|&i| completions[i].lease_token.as_bytes().as_slice())
-            .collect();
-        let responses: Vec<&[u8]> = order
-            .iter()
-            .map(|&i| completions[i].response.as_slice())
-            .collect();
-        let retentions: Vec<Option<i64>> = order
-            .iter()
-            .map(|&i| completions[i].retention.map(micros))
-            .collect();
-        let remember: Vec<Option<i64>> = order
-            .iter()
-            .map(|&i| completions[i].remember_for.map(micros))
-            .collect();
-        let rows: Vec<(i32, OffsetDateTime)> = self
-            .budget
-            .run(
-                "complete_many",
-                held!(self, |conn| sqlx::query_as(COMPLETE_MANY)
-                    .bind(&namespaces)
-                    .bind(&names)
-                    .bind(&tokens)
-                    .bind(&responses)
-                    .bind(&retentions)
-                    .bind(&remember)
-                    .fetch_all(conn)),
-            )
-            .await?;
+        let groups = self.groups(&order, |i| completions[i].key.as_str());
+        let statement = self.sql().complete_many;
+        let answers = each_group(&groups, |group| async move {
+            let picked = || group.iter().map(|&i| &completions[i]);
+            let namespaces: Vec<&str> = picked().map(|c| c.namespace.as_str()).collect();
+            let names: Vec<&str> = picked().map(|c| c.key.as_str()).collect();
+            let tokens: Vec<&[u8]> = picked()
+                .map(|c| c.lease_token.as_bytes().as_slice())
+                .collect();
+            let responses: Vec<&[u8]> = picked().map(|c| c.response.as_slice()).collect();
+            let retentions: Vec<Option<i64>> = picked().map(|c| c.retention.map(micros)).collect();
+            let remember: Vec<Option<i64>> = picked().map(|c| c.remember_for.map(micros)).collect();
+            self.budget
+                .run(
+                    "complete_many",
+                    held!(self, |conn| self
+                        .batch(statement, names[0])
+                        .bind(&namespaces)
+                        .bind(&names)
+                        .bind(&tokens)
+                        .bind(&responses)
+                        .bind(&retentions)
+                        .bind(&remember)
+                        .fetch_all(conn)),
+                )
+                .await
+        })
+        .await?;
         let mut results = vec![None; completions.len()];
-        for (item, expires_at) in rows {
-            let i = usize::try_from(item - 1)
-                .ok()
-                .and_then(|position| order.get(position).copied())
-                .ok_or_else(|| Error::Internal("a batch row names no input".into()))?;
-            results[i] = Some(system_time(expires_at));
+        for (group, rows) in groups.iter().zip(&answers) {
+            for row in rows {
+                let get = |e: sqlx::Error| Error::Internal(Box::new(e));
+                let item: i32 = row.try_get("item").map_err(get)?;
+                let expires_at: OffsetDateTime = row.try_get("new_expires_at").map_err(get)?;
+                results[item_at(group, i64::from(item))?] = Some(system_time(expires_at));
+            }
         }
         Ok(results)
     }
@@ -874,4 +948,29 @@ impl Store for PostgresStore {
         self.connections.release_all();
         self.pool().close().await;
     }
+}
+
+/// Runs a batch's statement once per group (`run`), the groups side by
+/// side, each on its own connection and in its own transaction: on Citus no
+/// statement spans two workers. Any group's failure fails the batch.
+async fn each_group<'g, R, F, Fut>(groups: &'g [Vec<usize>], run: F) -> Result<Vec<R>, Error>
+where
+    F: Fn(&'g [usize]) -> Fut,
+    Fut: std::future::Future<Output = Result<R, Error>>,
+{
+    match groups {
+        [one] => Ok(vec![run(one).await?]),
+        _ => futures_util::future::join_all(groups.iter().map(|group| run(group)))
+            .await
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// The input a batch row names by its 1-based position in `group`.
+fn item_at(group: &[usize], position: i64) -> Result<usize, Error> {
+    usize::try_from(position - 1)
+        .ok()
+        .and_then(|at| group.get(at).copied())
+        .ok_or_else(|| Error::Internal("a batch row names no input".into()))
 }

@@ -397,15 +397,22 @@ pub(super) const SESSION_SETTINGS: [(&str, &str); 3] = [
 
 /// The statements whose text depends on the engine: plain PostgreSQL runs
 /// the set-based statements above; Citus runs the functions of the
-/// migration `20261203000002_citus.sql`, which take the same parameters and
-/// answer the same columns, each reading the coordinator's `now()` once and
-/// running single-shard statements with it.
+/// migrations `20261203000002_citus.sql` and
+/// `20261207000001_citus_routed_batches.sql`, which take the same parameters
+/// and answer the same columns. On Citus the single reads are functions
+/// distributed by their key, and each batch statement is sent once per
+/// worker (shards.rs), with a routing key before the arrays ($1): Citus
+/// delegates the whole call to the worker holding that key's shard.
 pub(super) struct Statements {
     pub fetch: &'static str,
     pub fetch_many: &'static str,
     pub claim_or_fetch: &'static str,
     pub claim_or_fetch_many: &'static str,
     pub try_claim_many: &'static str,
+    pub complete_many: &'static str,
+    /// Whether the batch statements take a routing key first, and batches
+    /// go once per worker.
+    pub routed: bool,
     /// Purge with its notifications ($1 namespace, $2 key, $3 channel, $4
     /// the purge's name: feed.rs).
     pub purge: &'static str,
@@ -421,21 +428,42 @@ pub(super) const ON_POSTGRES: Statements = Statements {
     claim_or_fetch: CLAIM_OR_FETCH,
     claim_or_fetch_many: CLAIM_OR_FETCH_MANY,
     try_claim_many: TRY_CLAIM_MANY,
+    complete_many: COMPLETE_MANY,
+    routed: false,
     purge: super::feed::PURGE,
     reap: REAP,
 };
 
-/// On a Citus coordinator.
+/// On Citus.
 pub(super) const ON_CITUS: Statements = Statements {
     fetch: "SELECT * FROM idempotency_fetch($1, $2)",
-    fetch_many: "SELECT * FROM idempotency_fetch_many($1, $2)",
+    fetch_many: "SELECT * FROM idempotency_routed_fetch($1, $2, $3)",
     claim_or_fetch: "SELECT * FROM idempotency_claim_or_fetch($1, $2, $3, $4, $5, $6)",
     claim_or_fetch_many: "
-SELECT * FROM idempotency_claim_or_fetch_many($1, $2, $3, $4, $5, $6)",
-    try_claim_many: "SELECT * FROM idempotency_try_claim_many($1, $2, $3, $4, $5, $6)",
+SELECT * FROM idempotency_routed_claim_or_fetch($1, $2, $3, $4, $5, $6, $7)",
+    try_claim_many: "SELECT * FROM idempotency_routed_try_claim($1, $2, $3, $4, $5, $6, $7)",
+    complete_many: "
+SELECT item, new_expires_at FROM idempotency_routed_complete($1, $2, $3, $4, $5, $6, $7)",
+    routed: true,
     purge: "SELECT * FROM idempotency_purge($1, $2, $3, $4)",
     reap: "SELECT remembered, deleted FROM idempotency_reap_remembering($1)",
 };
+
+/// Run on every new Citus connection: the plan cache's default instead of
+/// SESSION_SETTINGS' generic plans. Citus delegates a distributed function's
+/// call only when it can read the routing argument's value while planning,
+/// which a generic plan never lets it (the call then runs on the node it was
+/// sent to, every key's statement routed from there); its single-shard
+/// statements are planned by its fast path either way.
+pub(super) const CITUS_SESSION: &str = "SELECT set_config('plan_cache_mode', 'auto', false)";
+
+/// Each shard of the table's hash range and the node group holding it (the
+/// lowest, should a shard have several placements), for shards.rs.
+pub(super) const CITUS_SHARD_MAP: &str = "
+SELECT s.shardminvalue, s.shardmaxvalue, min(p.groupid)::int4
+FROM pg_dist_shard AS s JOIN pg_dist_placement AS p USING (shardid)
+WHERE s.logicalrelid = 'idempotency_records'::regclass AND p.shardstate = 1
+GROUP BY s.shardminvalue, s.shardmaxvalue";
 
 /// Run on every new connection: the Citus extension's version, or no row on
 /// plain PostgreSQL.
