@@ -29,7 +29,7 @@ use crate::metrics::{self, NamespaceLabels};
 use crate::reaper;
 use crate::reload::Reloading;
 use crate::store::cache::Cached;
-use crate::store::coalesce::Coalesced;
+use crate::store::coalesce::{CoalesceOptions, Coalesced};
 use crate::store::postgres::Engine;
 use crate::store::{AnyStore, Open, Store};
 use crate::tls::{self, TlsConfig};
@@ -153,22 +153,22 @@ pub async fn run(
                 replay_cache_bytes = config.replay_cache_bytes,
                 "using the PostgreSQL store"
             );
-            // On Citus a coalesced statement holds keys of several workers
-            // and fails whole when one of them is down: each call goes alone
-            // to its key's shard there, so a worker's outage reaches only its
-            // own keys. The engine is asked now (a database still down at
-            // start, with migrations off, is taken as plain PostgreSQL).
-            let citus = matches!(
-                tokio::time::timeout(config.db_timeout, store.engine()).await,
-                Ok(Ok(Engine::Citus))
-            );
-            if citus && config.coalesce {
-                tracing::info!(
-                    "coalescing is off on Citus: each call is its own single-shard statement"
+            // On Citus too: a coalesced batch goes as one delegated call per
+            // worker (store/postgres/shards.rs).
+            if config.coalesce {
+                // A batch that failed on Citus is sent again call by call,
+                // so that a worker that is down fails only its own keys. The
+                // engine is asked now (a database still down at start, with
+                // migrations off, is taken as plain PostgreSQL).
+                let citus = matches!(
+                    tokio::time::timeout(config.db_timeout, store.engine()).await,
+                    Ok(Ok(Engine::Citus))
                 );
-            }
-            if config.coalesce && !citus {
-                let store = Coalesced::new(store, config.coalesce_options());
+                let options = CoalesceOptions {
+                    split_failed: citus,
+                    ..config.coalesce_options()
+                };
+                let store = Coalesced::new(store, options);
                 serve_cached(store, &config, security, listeners, shutdown).await
             } else {
                 serve_cached(store, &config, security, listeners, shutdown).await

@@ -41,14 +41,23 @@ pub struct CoalesceOptions {
     /// queued behind a statement that hangs (the database unreachable) would
     /// wait for that statement's timeout and then its own.
     pub timeout: Duration,
+    /// When a batch fails, send each of its calls again on its own, so that
+    /// each fails only for its own key (Citus: a batch spans workers, and
+    /// one that is down must not fail the other workers' keys). Safe for
+    /// the same reason as a statement resent after a lost connection
+    /// (`held!` in store/postgres): the lifecycle reads what a repeat finds.
+    pub split_failed: bool,
 }
 
 type Reply<R> = oneshot::Sender<Result<R, Error>>;
 
-/// Sends one batch to the store.
+/// Sends one batch to the store; a failed batch hands its items back.
 type Run<T, R> = Arc<
-    dyn Fn(Vec<T>) -> Pin<Box<dyn Future<Output = Result<Vec<R>, Error>> + Send>> + Send + Sync,
+    dyn Fn(Vec<T>) -> Pin<Box<dyn Future<Output = Result<Vec<R>, Failed<T>>> + Send>> + Send + Sync,
 >;
+
+/// A batch's error, with the batch's items.
+type Failed<T> = (Error, Vec<T>);
 
 /// A queue of calls of one kind, and the workers that drain it.
 struct Batcher<T, R> {
@@ -68,7 +77,7 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     fn spawn<F, Fut>(options: CoalesceOptions, run: F) -> Self
     where
         F: Fn(Vec<T>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Vec<R>, Error>> + Send + 'static,
+        Fut: Future<Output = Result<Vec<R>, Failed<T>>> + Send + 'static,
     {
         let run: Run<T, R> = Arc::new(move |items| Box::pin(run(items)));
         let (queue, receiver) = mpsc::unbounded_channel();
@@ -92,7 +101,23 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
                                 let _ = reply.send(Ok(result));
                             }
                         }
-                        Err(error) => {
+                        Err((_, items)) if options.split_failed && items.len() > 1 => {
+                            let alone = items.into_iter().map(|item| {
+                                let run = run.clone();
+                                async move { run(vec![item]).await }
+                            });
+                            let answers = futures_util::future::join_all(alone).await;
+                            for (reply, answer) in replies.into_iter().zip(answers) {
+                                let answer = match answer {
+                                    Ok(mut results) => results.pop().ok_or_else(|| {
+                                        Error::Internal("a statement answered no call".into())
+                                    }),
+                                    Err((alone, _)) => Err(alone),
+                                };
+                                let _ = reply.send(answer);
+                            }
+                        }
+                        Err((error, _)) => {
                             for reply in replies {
                                 let _ = reply.send(Err(error.replicate()));
                             }
@@ -123,7 +148,8 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
             && let Ok(_slot) = self.slots.try_acquire()
         {
             return (self.run)(vec![item])
-                .await?
+                .await
+                .map_err(|(error, _)| error)?
                 .pop()
                 .ok_or_else(|| Error::Internal("a statement answered no call".into()));
         }
@@ -191,22 +217,32 @@ impl<S: Store> Coalesced<S> {
         let store = inner.clone();
         let fetches = Batcher::spawn(options, move |keys: Vec<(Namespace, Key)>| {
             let store = store.clone();
-            async move { store.fetch_many(&keys).await }
+            async move { store.fetch_many(&keys).await.map_err(|e| (e, keys)) }
         });
         let store = inner.clone();
         let firsts = Batcher::spawn(options, move |leases: Vec<NewLease>| {
             let store = store.clone();
-            async move { store.claim_or_fetch_many(&leases).await }
+            async move {
+                store
+                    .claim_or_fetch_many(&leases)
+                    .await
+                    .map_err(|e| (e, leases))
+            }
         });
         let store = inner.clone();
         let claims = Batcher::spawn(options, move |leases: Vec<NewLease>| {
             let store = store.clone();
-            async move { store.try_claim_many(&leases).await }
+            async move { store.try_claim_many(&leases).await.map_err(|e| (e, leases)) }
         });
         let store = inner.clone();
         let completions = Batcher::spawn(options, move |completions: Vec<Completion>| {
             let store = store.clone();
-            async move { store.complete_many(&completions).await }
+            async move {
+                store
+                    .complete_many(&completions)
+                    .await
+                    .map_err(|e| (e, completions))
+            }
         });
         Self {
             inner,
@@ -399,6 +435,7 @@ mod tests {
             window: Duration::ZERO,
             workers,
             timeout,
+            split_failed: false,
         };
         let batcher = Batcher::spawn(options, move |items: Vec<u32>| {
             let seen = seen.clone();
@@ -460,16 +497,91 @@ mod tests {
             window: Duration::ZERO,
             workers: 1,
             timeout: Duration::from_secs(30),
+            split_failed: false,
         };
         let batcher = Batcher::spawn(options, |items: Vec<u32>| async move {
             if items.contains(&13) {
-                Err(Error::Unavailable("the database went away".into()))
+                Err((Error::Unavailable("the database went away".into()), items))
             } else {
                 Ok(items)
             }
         });
         assert!(matches!(batcher.call(13).await, Err(Error::Unavailable(_))));
         assert_eq!(batcher.call(14).await.unwrap(), 14);
+    }
+
+    /// With `split_failed` (Citus), a batch that failed because of one key
+    /// (a worker down) is sent again call by call: the others succeed, the
+    /// key's own call fails, and without it the batch fails whole.
+    #[tokio::test]
+    async fn a_failed_batch_split_fails_only_the_call_whose_key_failed() {
+        for split_failed in [true, false] {
+            let options = CoalesceOptions {
+                max_batch: 128,
+                window: Duration::ZERO,
+                workers: 1,
+                timeout: Duration::from_secs(30),
+                split_failed,
+            };
+            let gate = Arc::new(Notify::new());
+            let opened = gate.clone();
+            let sent = Arc::new(StdMutex::new(Vec::new()));
+            let seen = sent.clone();
+            let batcher = Arc::new(Batcher::spawn(options, move |items: Vec<u32>| {
+                let gate = opened.clone();
+                let seen = seen.clone();
+                async move {
+                    seen.lock().unwrap().push(items.clone());
+                    if items == [0] {
+                        gate.notified().await;
+                    }
+                    if items.contains(&13) {
+                        Err((Error::Unavailable("worker 2 is down".into()), items))
+                    } else {
+                        Ok(items)
+                    }
+                }
+            }));
+            // Call 0 holds the only slot, so 12, 13 and 14 queue as one batch.
+            let first = tokio::spawn({
+                let batcher = batcher.clone();
+                async move { batcher.call(0).await }
+            });
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while sent.lock().unwrap().is_empty() {
+                assert!(tokio::time::Instant::now() < deadline, "call 0 never ran");
+                tokio::task::yield_now().await;
+            }
+            let calls: Vec<_> = [12, 13, 14]
+                .into_iter()
+                .map(|i| {
+                    let batcher = batcher.clone();
+                    tokio::spawn(async move { batcher.call(i).await })
+                })
+                .collect();
+            while batcher.queued.load(Ordering::Acquire) < 3 {
+                assert!(tokio::time::Instant::now() < deadline, "calls never queued");
+                tokio::task::yield_now().await;
+            }
+            gate.notify_one();
+            assert_eq!(first.await.unwrap().unwrap(), 0);
+            let mut answers = Vec::new();
+            for call in calls {
+                answers.push(call.await.unwrap().map_err(|e| e.to_string()));
+            }
+            if split_failed {
+                assert_eq!(answers[0], Ok(12));
+                assert!(answers[1].is_err());
+                assert_eq!(answers[2], Ok(14));
+                assert_eq!(
+                    *sent.lock().unwrap(),
+                    [vec![0], vec![12, 13, 14], vec![12], vec![13], vec![14]]
+                );
+            } else {
+                assert!(answers.iter().all(Result::is_err), "{answers:?}");
+                assert_eq!(*sent.lock().unwrap(), [vec![0], vec![12, 13, 14]]);
+            }
+        }
     }
 
     #[tokio::test]
