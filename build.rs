@@ -1,24 +1,8 @@
-//! Compiles proto/ into Rust (tonic + prost) and writes the file descriptor set
-//! that server reflection serves. protoc comes from the vendored binary unless
-//! PROTOC is already set, so a fresh machine needs no system protoc.
+//! sqlx::migrate! embeds the migrations at compile time, and a proc macro
+//! cannot ask cargo to watch a directory: this tells cargo that a changed or
+//! new migration must rebuild the crate. (The proto is compiled by
+//! idempotency-proto, proto/build.rs.)
 
-use std::{env, path::PathBuf};
-
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if env::var_os("PROTOC").is_none() {
-        // SAFETY: build scripts are single-threaded; nothing reads the
-        // environment concurrently.
-        unsafe { env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?) };
-    }
-    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
-    tonic_prost_build::configure()
-        .file_descriptor_set_path(out_dir.join("idempotency_descriptor.bin"))
-        // Requests that are not valid protobuf are INVALID_ARGUMENT, not INTERNAL.
-        .codec_path("crate::grpc::codec::Codec")
-        .compile_protos(&["proto/idempotency/v1/idempotency.proto"], &["proto"])?;
-    println!("cargo:rerun-if-changed=proto");
-    // sqlx::migrate! embeds the migrations at compile time; a changed or
-    // new migration must rebuild the crate.
+fn main() {
     println!("cargo:rerun-if-changed=migrations");
-    Ok(())
 }

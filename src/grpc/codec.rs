@@ -1,55 +1,29 @@
-//! The service's codec: prost's, except that a request which is not valid
-//! protobuf (truncated, invalid UTF-8 in a string, nested past prost's limit)
-//! is INVALID_ARGUMENT, with prost's message naming the field, rather than
-//! INTERNAL: the fault is the caller's, and INTERNAL is for the server's bugs.
-//! Like every refusal of the service's, it carries ErrorInfo and a
-//! FieldViolation (the field `request`).
+//! The service's answer to a request that is not valid protobuf (truncated,
+//! invalid UTF-8 in a string, nested past prost's limit). The generated
+//! server's codec (idempotency-proto's `codec`) turns prost's INTERNAL into
+//! INVALID_ARGUMENT, with prost's message naming the field: the fault is the
+//! caller's, and INTERNAL is for the server's bugs. The status comes from the
+//! hook installed here, so that, like every refusal of the service's, it is
+//! built by `status::to_status` and carries ErrorInfo and a FieldViolation
+//! (the field `request`).
 
-use tonic::codec::{BufferSettings, Codec as TonicCodec, DecodeBuf, Decoder};
-use tonic::{Code, Status};
-use tonic_prost::ProstCodec;
+use idempotency_proto::codec::{self, install_decode_error};
+use tonic::Status;
 
 use crate::error::Error;
 
-#[derive(Debug, Clone, Default)]
-pub struct Codec<T, U>(ProstCodec<T, U>);
-
-impl<T, U> TonicCodec for Codec<T, U>
-where
-    T: prost::Message + Send + 'static,
-    U: prost::Message + Default + Send + 'static,
-{
-    type Encode = T;
-    type Decode = U;
-    type Encoder = <ProstCodec<T, U> as TonicCodec>::Encoder;
-    type Decoder = CodecDecoder<<ProstCodec<T, U> as TonicCodec>::Decoder>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        self.0.encoder()
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        CodecDecoder(self.0.decoder())
-    }
+/// Installs the service's status for undecodable requests in this process's
+/// codec. Idempotent: the service's hook is the only one, so a later call
+/// (another server in the same process, as tests start) finds it installed.
+pub fn install() {
+    let _ = install_decode_error(decode_error);
 }
 
-pub struct CodecDecoder<D>(D);
-
-impl<D: Decoder<Error = Status>> Decoder for CodecDecoder<D> {
-    type Item = D::Item;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
-        self.0.decode(buf).map_err(|status| match status.code() {
-            Code::Internal => super::status::to_status(Error::InvalidArgument {
-                field: "request".into(),
-                reason: format!("the message is not valid protobuf: {}", status.message()).into(),
-            }),
-            _ => status,
-        })
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        self.0.buffer_settings()
-    }
+/// The status for a request that is not valid protobuf, from the codec's
+/// reason.
+fn decode_error(reason: String) -> Status {
+    super::status::to_status(Error::InvalidArgument {
+        field: codec::FIELD.into(),
+        reason: reason.into(),
+    })
 }

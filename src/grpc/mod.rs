@@ -49,7 +49,12 @@ pub struct IdempotencyApi<S> {
 }
 
 impl<S: Store> IdempotencyApi<S> {
+    /// The adapter. Installs the service's status for requests that are not
+    /// valid protobuf in the generated server's codec (`codec::install`), so
+    /// that any server built around the adapter answers them as the service
+    /// answers every refusal.
     pub fn new(lifecycle: Lifecycle<S>, labels: NamespaceLabels, max_batch_items: usize) -> Self {
+        codec::install();
         Self {
             lifecycle,
             labels,

@@ -1,12 +1,6 @@
 //! The code generated from proto/idempotency/v1/idempotency.proto, and the
-//! names and descriptors the server registers it under.
-#![allow(clippy::all, missing_docs)]
+//! names and descriptors the server registers it under: idempotency-proto's
+//! `v1`, re-exported here so that the service and its tests name it
+//! `grpc::proto`. The proto is compiled once, by that crate.
 
-tonic::include_proto!("idempotency.v1");
-
-/// The encoded descriptors, served by reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    tonic::include_file_descriptor_set!("idempotency_descriptor");
-
-/// The fully qualified service name, as health and reflection know it.
-pub const SERVICE_NAME: &str = idempotency_service_server::SERVICE_NAME;
+pub use idempotency_proto::v1::*;
