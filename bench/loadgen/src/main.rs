@@ -29,7 +29,8 @@
 //!
 //! It is its own crate in the workspace, so its dependencies (HdrHistogram,
 //! hyper's client) stay out of the service's; it takes the generated client
-//! from the service's library (`idempotency_service::grpc::proto`).
+//! from the workspace's proto crate (`idempotency_proto::v1`), not from the
+//! service, so none of the service's dependencies are in its build.
 
 #![forbid(unsafe_code)]
 

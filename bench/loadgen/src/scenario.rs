@@ -15,7 +15,7 @@ use rand::rngs::SmallRng;
 use serde::Serialize;
 use tonic::{Code, Status};
 
-use idempotency_service::grpc::proto::{
+use idempotency_proto::v1::{
     ClaimBatchRequest, ClaimRequest, ClaimResponse, CompleteRequest, Outcome, ReleaseRequest,
 };
 

@@ -10,8 +10,8 @@ use clap::ValueEnum;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use idempotency_service::grpc::proto::GetRequest;
-use idempotency_service::grpc::proto::idempotency_service_client::IdempotencyServiceClient;
+use idempotency_proto::v1::GetRequest;
+use idempotency_proto::v1::idempotency_service_client::IdempotencyServiceClient;
 
 pub type Client = IdempotencyServiceClient<Transport>;
 
