@@ -21,9 +21,12 @@ ENV SQLX_OFFLINE=true
 
 # Dependencies first, against stub sources: this layer, most of the build
 # time, is reused until a Cargo.toml, Cargo.lock, build.rs or proto/ change.
-# Only the service is built (-p idempotency-service): the workspace's other
-# member, the load generator (bench/loadgen), is never compiled here, but cargo
-# reads every member's manifest, so its Cargo.toml comes in with a stub main.
+# Only the service is built (-p idempotency-service), with its dependencies;
+# among them the workspace member idempotency-proto, which comes in whole
+# (proto/: its Cargo.toml, build.rs and src/ beside the .proto it compiles)
+# and is built for real here. The load generator (bench/loadgen) is never
+# compiled here, but cargo reads every member's manifest, so its Cargo.toml
+# comes in with a stub main.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY bench/loadgen/Cargo.toml ./bench/loadgen/
 COPY proto ./proto

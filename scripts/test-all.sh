@@ -3,8 +3,9 @@
 #   0. what the tests need, started or installed when missing
 #      (scripts/ensure-services.sh: PostgreSQL, RabbitMQ, NATS, cargo-nextest,
 #      Node and npm, openssl, psql);
-#   1. one release build of the workspace (the service and the load generator,
-#      bench/loadgen), shared by everything below;
+#   1. one release build of the workspace (the service, the proto crate,
+#      proto/, and the load generator, bench/loadgen), shared by everything
+#      below;
 #   2. the Rust suites (unit tests, the conformance suite on PostgreSQL and
 #      SQLite, outages, crashes, the binary) with cargo-nextest;
 #   3. the client suites (Python, TypeScript, Go, Java, cross-language), each
@@ -44,7 +45,7 @@ step() { printf '\n=== %s\n' "$*"; }
 step "what the tests need (PostgreSQL, RabbitMQ, NATS, tools)"
 bash scripts/ensure-services.sh
 
-step "release build (the workspace: the service and bench/loadgen)"
+step "release build (the workspace: the service, proto/ and bench/loadgen)"
 cargo build --release --locked --workspace --bins --tests
 
 step "Rust tests (cargo nextest, release)"
