@@ -27,3 +27,25 @@ fn decode_error(reason: String) -> Status {
         reason: reason.into(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+    use tonic_types::StatusExt;
+
+    use super::*;
+
+    #[test]
+    fn an_undecodable_request_is_refused_like_any_invalid_field() {
+        let status = decode_error("the message is not valid protobuf: truncated".into());
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(
+            status.message(),
+            "request: the message is not valid protobuf: truncated"
+        );
+        let details = status.get_error_details();
+        assert_eq!(details.error_info().unwrap().reason, "INVALID_ARGUMENT");
+        let violations = &details.bad_request().unwrap().field_violations;
+        assert_eq!(violations[0].field, "request");
+    }
+}
