@@ -162,8 +162,13 @@ impl PostgresStore {
     /// A batch's items (`order`, positions in key order) in the groups its
     /// statement goes in: one on plain PostgreSQL; on Citus one per worker,
     /// as the shard map places their keys (shards.rs).
-    fn groups<'a>(&self, order: &[usize], key_of: impl Fn(usize) -> &'a str) -> Vec<Vec<usize>> {
-        if !self.sql().routed {
+    fn groups<'a>(
+        &self,
+        sql: &Statements,
+        order: &[usize],
+        key_of: impl Fn(usize) -> &'a str,
+    ) -> Vec<Vec<usize>> {
+        if !sql.routed {
             return vec![order.to_vec()];
         }
         if self.citus_statements {
@@ -178,13 +183,9 @@ impl PostgresStore {
     /// A batch statement for one group: on Citus it takes the group's
     /// routing key first (any of its keys: Citus sends the call to the
     /// worker holding that key's shard).
-    fn batch<'q>(&self, statement: &'static str, route: &'q str) -> PgQuery<'q> {
+    fn batch<'q>(sql: &Statements, statement: &'static str, route: &'q str) -> PgQuery<'q> {
         let query = sqlx::query(statement);
-        if self.sql().routed {
-            query.bind(route)
-        } else {
-            query
-        }
+        if sql.routed { query.bind(route) } else { query }
     }
 
     /// The statements for the engine found. Read once a connection is held:
@@ -551,8 +552,9 @@ impl Store for PostgresStore {
         let order = distinct_in_key_order(leases, |a, b| {
             by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
         });
-        let groups = self.groups(&order, |i| leases[i].key.as_str());
-        let statement = self.sql().claim_or_fetch_many;
+        let sql = self.engine().await?.statements();
+        let groups = self.groups(sql, &order, |i| leases[i].key.as_str());
+        let statement = sql.claim_or_fetch_many;
         let answers = each_group(&groups, |group| async move {
             let arrays = LeaseArrays::new(leases, group);
             let route = leases[group[0]].key.as_str();
@@ -560,7 +562,7 @@ impl Store for PostgresStore {
                 .run(
                     "claim_or_fetch_many",
                     held!(self, |conn| arrays
-                        .bind(self.batch(statement, route))
+                        .bind(Self::batch(sql, statement, route))
                         .fetch_all(conn)),
                 )
                 .await
@@ -586,16 +588,16 @@ impl Store for PostgresStore {
             return Ok(vec![self.fetch(namespace, key).await?]);
         }
         let order: Vec<usize> = (0..keys.len()).collect();
-        let groups = self.groups(&order, |i| keys[i].1.as_str());
-        let statement = self.sql().fetch_many;
+        let sql = self.engine().await?.statements();
+        let groups = self.groups(sql, &order, |i| keys[i].1.as_str());
+        let statement = sql.fetch_many;
         let answers = each_group(&groups, |group| async move {
             let namespaces: Vec<&str> = group.iter().map(|&i| keys[i].0.as_str()).collect();
             let names: Vec<&str> = group.iter().map(|&i| keys[i].1.as_str()).collect();
             self.budget
                 .run(
                     "fetch_many",
-                    held!(self, |conn| self
-                        .batch(statement, names[0])
+                    held!(self, |conn| Self::batch(sql, statement, names[0])
                         .bind(&namespaces)
                         .bind(&names)
                         .fetch_all(conn)),
@@ -629,8 +631,9 @@ impl Store for PostgresStore {
         let order = distinct_in_key_order(leases, |a, b| {
             by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
         });
-        let groups = self.groups(&order, |i| leases[i].key.as_str());
-        let statement = self.sql().try_claim_many;
+        let sql = self.engine().await?.statements();
+        let groups = self.groups(sql, &order, |i| leases[i].key.as_str());
+        let statement = sql.try_claim_many;
         let answers = each_group(&groups, |group| async move {
             let arrays = LeaseArrays::new(leases, group);
             let route = leases[group[0]].key.as_str();
@@ -638,7 +641,7 @@ impl Store for PostgresStore {
                 .run(
                     "try_claim_many",
                     held!(self, |conn| arrays
-                        .bind(self.batch(statement, route))
+                        .bind(Self::batch(sql, statement, route))
                         .fetch_all(conn)),
                 )
                 .await
@@ -690,8 +693,9 @@ impl Store for PostgresStore {
             by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
                 .then_with(|| a.lease_token.as_bytes().cmp(b.lease_token.as_bytes()))
         });
-        let groups = self.groups(&order, |i| completions[i].key.as_str());
-        let statement = self.sql().complete_many;
+        let sql = self.engine().await?.statements();
+        let groups = self.groups(sql, &order, |i| completions[i].key.as_str());
+        let statement = sql.complete_many;
         let answers = each_group(&groups, |group| async move {
             let picked = || group.iter().map(|&i| &completions[i]);
             let namespaces: Vec<&str> = picked().map(|c| c.namespace.as_str()).collect();
@@ -705,8 +709,7 @@ impl Store for PostgresStore {
             self.budget
                 .run(
                     "complete_many",
-                    held!(self, |conn| self
-                        .batch(statement, names[0])
+                    held!(self, |conn| Self::batch(sql, statement, names[0])
                         .bind(&namespaces)
                         .bind(&names)
                         .bind(&tokens)
