@@ -10,7 +10,9 @@
 //! with nothing of its kind queued or in flight it goes at once from its own
 //! task, and a worker takes what is already queued and goes; batches form only
 //! when calls arrive faster than statements complete. A failed statement fails
-//! the calls of its batch, and only those.
+//! the calls of its batch, and only those; on Citus (`split_failed`) they are
+//! first sent again one by one, so that a worker that is down fails only the
+//! calls of its own keys.
 
 use std::future::Future;
 use std::pin::Pin;
