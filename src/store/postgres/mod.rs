@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgSslMode};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow, PgSslMode};
 use sqlx::{ConnectOptions, Connection as _, Row};
 use time::OffsetDateTime;
 use tokio::sync::{Semaphore, mpsc};
@@ -178,6 +178,37 @@ impl PostgresStore {
         }
         let map = self.shards.current(self.pool());
         shards::group_by_worker(map.as_deref(), order, key_of)
+    }
+
+    /// A set-based claim (`statement` of the engine's statements, binding
+    /// `LeaseArrays`) for distinct keys, in key order, sent once per group:
+    /// the order, the groups (positions in `leases`) and each group's rows.
+    async fn lease_batch(
+        &self,
+        operation: &'static str,
+        statement: fn(&Statements) -> &'static str,
+        leases: &[NewLease],
+    ) -> Result<(Vec<usize>, Vec<Vec<usize>>, Vec<Vec<PgRow>>), Error> {
+        let order = distinct_in_key_order(leases, |a, b| {
+            by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
+        });
+        let sql = self.engine().await?.statements();
+        let groups = self.groups(sql, &order, |i| leases[i].key.as_str());
+        let statement = statement(sql);
+        let answers = each_group(&groups, |group| async move {
+            let arrays = LeaseArrays::new(leases, group);
+            let route = leases[group[0]].key.as_str();
+            self.budget
+                .run(
+                    operation,
+                    held!(self, |conn| arrays
+                        .bind(Self::batch(sql, statement, route))
+                        .fetch_all(conn)),
+                )
+                .await
+        })
+        .await?;
+        Ok((order, groups, answers))
     }
 
     /// A batch statement for one group: on Citus it takes the group's
@@ -549,25 +580,9 @@ impl Store for PostgresStore {
             return Ok(vec![self.claim_or_fetch(lease).await?]);
         }
         // A key named again is left `Raced`: the lifecycle reads it again.
-        let order = distinct_in_key_order(leases, |a, b| {
-            by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
-        });
-        let sql = self.engine().await?.statements();
-        let groups = self.groups(sql, &order, |i| leases[i].key.as_str());
-        let statement = sql.claim_or_fetch_many;
-        let answers = each_group(&groups, |group| async move {
-            let arrays = LeaseArrays::new(leases, group);
-            let route = leases[group[0]].key.as_str();
-            self.budget
-                .run(
-                    "claim_or_fetch_many",
-                    held!(self, |conn| arrays
-                        .bind(Self::batch(sql, statement, route))
-                        .fetch_all(conn)),
-                )
-                .await
-        })
-        .await?;
+        let (_, groups, answers) = self
+            .lease_batch("claim_or_fetch_many", |sql| sql.claim_or_fetch_many, leases)
+            .await?;
         let mut results = vec![FirstClaim::Raced; leases.len()];
         for (group, rows) in groups.iter().zip(&answers) {
             for row in rows {
@@ -628,25 +643,9 @@ impl Store for PostgresStore {
             return Ok(vec![self.try_claim(lease).await?]);
         }
         // One lease per key: a statement cannot take the same row twice.
-        let order = distinct_in_key_order(leases, |a, b| {
-            by_key((&a.namespace, &a.key), (&b.namespace, &b.key))
-        });
-        let sql = self.engine().await?.statements();
-        let groups = self.groups(sql, &order, |i| leases[i].key.as_str());
-        let statement = sql.try_claim_many;
-        let answers = each_group(&groups, |group| async move {
-            let arrays = LeaseArrays::new(leases, group);
-            let route = leases[group[0]].key.as_str();
-            self.budget
-                .run(
-                    "try_claim_many",
-                    held!(self, |conn| arrays
-                        .bind(Self::batch(sql, statement, route))
-                        .fetch_all(conn)),
-                )
-                .await
-        })
-        .await?;
+        let (order, _, answers) = self
+            .lease_batch("try_claim_many", |sql| sql.try_claim_many, leases)
+            .await?;
         let get = |e: sqlx::Error| Error::Internal(Box::new(e));
         let mut won = HashMap::with_capacity(order.len());
         for row in answers.iter().flatten() {

@@ -81,42 +81,13 @@ pub fn hashtext(bytes: &[u8]) -> i32 {
         mix(&mut a, &mut b, &mut c);
         k = &k[12..];
     }
-    // The last 0 to 11 bytes; the lowest byte of c is left for the length.
-    let byte = |i: usize, shift: u32| u32::from(k[i]) << shift;
-    let n = k.len();
-    if n >= 11 {
-        c = c.wrapping_add(byte(10, 24));
-    }
-    if n >= 10 {
-        c = c.wrapping_add(byte(9, 16));
-    }
-    if n >= 9 {
-        c = c.wrapping_add(byte(8, 8));
-    }
-    if n >= 8 {
-        b = b.wrapping_add(byte(7, 24));
-    }
-    if n >= 7 {
-        b = b.wrapping_add(byte(6, 16));
-    }
-    if n >= 6 {
-        b = b.wrapping_add(byte(5, 8));
-    }
-    if n >= 5 {
-        b = b.wrapping_add(byte(4, 0));
-    }
-    if n >= 4 {
-        a = a.wrapping_add(byte(3, 24));
-    }
-    if n >= 3 {
-        a = a.wrapping_add(byte(2, 16));
-    }
-    if n >= 2 {
-        a = a.wrapping_add(byte(1, 8));
-    }
-    if n >= 1 {
-        a = a.wrapping_add(byte(0, 0));
-    }
+    // The last 0 to 11 bytes, as little-endian words of a zero-padded block;
+    // the lowest byte of c is left for the length.
+    let mut tail = [0u8; 12];
+    tail[..k.len()].copy_from_slice(k);
+    a = a.wrapping_add(word(&tail[0..]));
+    b = b.wrapping_add(word(&tail[4..]));
+    c = c.wrapping_add(u32::from_le_bytes([0, tail[8], tail[9], tail[10]]));
     finish(&mut a, &mut b, &mut c);
     c as i32
 }
