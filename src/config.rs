@@ -260,6 +260,15 @@ pub struct Config {
     #[arg(long, env = "IDEMPOTENCY_COALESCE", default_value_t = true, action = clap::ArgAction::Set)]
     pub coalesce: bool,
 
+    /// On Citus, send each key's statement (and each batch's group of keys)
+    /// straight to the node holding the key's shard, from the shard map
+    /// (`pg_dist_shard`, `pg_dist_node`), so it runs there without a hop
+    /// through the node DATABASE_URL names. Needs the service to reach every
+    /// node at the address the cluster's metadata gives it; false sends
+    /// everything to the DATABASE_URL node, which routes it.
+    #[arg(long, env = "IDEMPOTENCY_CITUS_DIRECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub citus_direct: bool,
+
     /// For the tests only: on plain PostgreSQL, send the statements and
     /// functions the store sends on Citus (the conformance suite runs them so
     /// that, without Citus, a rule the two engines write differently fails a
@@ -376,6 +385,7 @@ impl Config {
             pool_size: self.db_pool_size,
             timeout: self.db_timeout,
             citus_statements: self.citus_statements,
+            citus_direct: self.citus_direct,
         })
     }
 

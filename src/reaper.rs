@@ -120,6 +120,7 @@ mod tests {
             pool_size: 2,
             timeout: Duration::from_secs(5),
             citus_statements: false,
+            citus_direct: true,
         };
         let store = SqliteStore::open(&dir.path().join("reaper.db"), &options, "test")
             .await

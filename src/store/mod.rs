@@ -352,6 +352,9 @@ pub struct StoreOptions {
     /// On plain PostgreSQL, the statements the store sends on Citus (for the
     /// tests: `Config::citus_statements`).
     pub citus_statements: bool,
+    /// On Citus, each key's statement goes to the node holding its shard
+    /// (`Config::citus_direct`).
+    pub citus_direct: bool,
 }
 
 /// The store the configuration picked.
@@ -565,6 +568,7 @@ mod tests {
             pool_size: 4,
             timeout: Duration::from_secs(1),
             citus_statements: false,
+            citus_direct: true,
         }
     }
 

@@ -54,6 +54,11 @@ pub enum Backend {
 pub struct StoreFixture {
     pub backend: Backend,
     pub database_url: Option<String>,
+    /// On Citus with TEST_CITUS_SPREAD=1: the URLs of the nodes the
+    /// servers of this store connect to, one after the other, a worker
+    /// first (`config`); empty otherwise (every server on `database_url`).
+    pub spread: Vec<String>,
+    next_node: std::sync::atomic::AtomicUsize,
     pub data_dir: PathBuf,
     _temp: TempDir,
 }
@@ -67,9 +72,15 @@ impl StoreFixture {
                 Some(fresh_postgres_schema().await)
             }
         };
+        let spread = match &database_url {
+            Some(url) if backend != Backend::PostgresCitusSql => citus_spread(url).await,
+            _ => Vec::new(),
+        };
         Self {
             backend,
             database_url,
+            spread,
+            next_node: std::sync::atomic::AtomicUsize::new(0),
             data_dir: temp.path().join("data"),
             _temp: temp,
         }
@@ -135,6 +146,12 @@ impl StoreFixture {
     pub fn config(&self) -> Config {
         let mut config = Config::defaults();
         config.database_url = self.database_url.clone();
+        if !self.spread.is_empty() {
+            let next = self
+                .next_node
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            config.database_url = Some(self.spread[next % self.spread.len()].clone());
+        }
         config.data_dir = self.data_dir.clone();
         config.listen_addr = "127.0.0.1:0".parse().unwrap();
         config.health_check_interval = Duration::from_millis(200);
@@ -144,6 +161,45 @@ impl StoreFixture {
         config.coalesce = self.backend != Backend::PostgresUncoalesced;
         config.citus_statements = self.backend == Backend::PostgresCitusSql;
         config
+    }
+}
+
+/// With TEST_CITUS_SPREAD=1 and a Citus cluster behind `url` (its
+/// coordinator), the URL of each node the servers take turns on: a worker
+/// first, then the coordinator, then the other workers, so that a test's
+/// single server is on a worker and two servers are on two kinds of node.
+async fn citus_spread(url: &str) -> Vec<String> {
+    if std::env::var("TEST_CITUS_SPREAD").map_or(true, |v| v.is_empty() || v == "0") {
+        return Vec::new();
+    }
+    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+    let nodes: Vec<(String, i32, i32)> = sqlx::query_as(
+        "SELECT nodename, nodeport, groupid FROM pg_dist_node
+         WHERE isactive AND noderole = 'primary' ORDER BY groupid",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("TEST_CITUS_SPREAD=1 needs a Citus coordinator, registered in pg_dist_node");
+    let mut urls: Vec<String> = nodes
+        .iter()
+        .map(|(host, port, _)| replace_host(url, host, *port))
+        .collect();
+    assert!(
+        nodes.first().is_some_and(|(_, _, group)| *group == 0) && urls.len() >= 2,
+        "TEST_CITUS_SPREAD=1: pg_dist_node must hold the coordinator (citus_set_coordinator_host) and a worker"
+    );
+    urls.swap(0, 1);
+    urls
+}
+
+/// The same URL at another host and port.
+fn replace_host(url: &str, host: &str, port: i32) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let user = authority.rsplit_once('@').map(|(user, _)| user);
+    match user {
+        Some(user) => format!("{scheme}://{user}@{host}:{port}{tail}"),
+        None => format!("{scheme}://{host}:{port}{tail}"),
     }
 }
 

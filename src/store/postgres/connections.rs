@@ -154,7 +154,8 @@ impl std::ops::DerefMut for Held<'_> {
 }
 
 /// Runs one statement on a held connection: `held!(store, |conn| query...
-/// .fetch_one(conn))`, inside `Budget::run`.
+/// .fetch_one(conn))`, inside `Budget::run`, on the store's entry
+/// connections; `held!(on connections, …)` on other ones (a Citus node's).
 ///
 /// A statement whose connection turned out to be dead is sent once more, on
 /// a connection checked first: the database restarted since the connection
@@ -163,12 +164,13 @@ impl std::ops::DerefMut for Held<'_> {
 /// the call path is answered through the lifecycle, which reads what a
 /// repeat finds: a Claim finds its own lease token (a retried Claim), a
 /// Complete or Release finds its own token on the completed or released
-/// record, a read reads. `held!(once store, …)` sends it once (Purge, whose
+/// record, a read reads. `held!(once …)` sends it once (Purge, whose
 /// answer says whether it found a record).
 macro_rules! held {
-    (once $store:expr, |$conn:ident| $statement:expr) => {
+    (once on $connections:expr, |$conn:ident| $statement:expr) => {
         async {
-            let mut held = $store.connections.take().await?;
+            let connections: &$crate::store::postgres::connections::Connections = &$connections;
+            let mut held = connections.take().await?;
             let $conn = &mut *held;
             match $statement.await {
                 Ok(result) => {
@@ -177,18 +179,19 @@ macro_rules! held {
                 }
                 Err(error) => {
                     if $crate::store::postgres::sqlstate::connection_lost(&error) {
-                        $store.connections.suspicion.raise();
+                        connections.suspicion.raise();
                     }
                     Err(error)
                 }
             }
         }
     };
-    ($store:expr, |$conn:ident| $statement:expr) => {
+    (on $connections:expr, |$conn:ident| $statement:expr) => {
         async {
+            let connections: &$crate::store::postgres::connections::Connections = &$connections;
             let mut again = true;
             loop {
-                let mut held = $store.connections.take().await?;
+                let mut held = connections.take().await?;
                 let $conn = &mut *held;
                 match $statement.await {
                     Ok(result) => {
@@ -196,7 +199,7 @@ macro_rules! held {
                         break Ok::<_, sqlx::Error>(result);
                     }
                     Err(error) if $crate::store::postgres::sqlstate::connection_lost(&error) => {
-                        $store.connections.suspicion.raise();
+                        connections.suspicion.raise();
                         if !std::mem::take(&mut again) {
                             break Err(error);
                         }
@@ -205,6 +208,12 @@ macro_rules! held {
                 }
             }
         }
+    };
+    (once $store:expr, |$conn:ident| $statement:expr) => {
+        held!(once on $store.connections, |$conn| $statement)
+    };
+    ($store:expr, |$conn:ident| $statement:expr) => {
+        held!(on $store.connections, |$conn| $statement)
     };
 }
 

@@ -32,6 +32,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use super::nodes::Home;
 use crate::domain::{Key, Namespace};
 use crate::error::Error;
 use crate::store::cache::FRESHNESS;
@@ -225,7 +226,15 @@ pub(super) struct Feed {
     replica: u64,
     /// The origin of the heartbeats' timestamps.
     base: Instant,
-    options: PgConnectOptions,
+    /// The store's entry pool, which finds the home.
+    entry: PgPool,
+    /// Where the feed listens and notifies: the home node (the coordinator,
+    /// on Citus, whichever node the entry is), so that every replica hears
+    /// every other's heartbeats, purges and acknowledgements.
+    home: Arc<Home>,
+    /// The home's connection options, set once found, before the feed's
+    /// tasks start.
+    options: OnceLock<PgConnectOptions>,
     budget: Budget,
     stop: CancellationToken,
     channel: tokio::sync::OnceCell<String>,
@@ -242,6 +251,7 @@ pub(super) type Slot = Arc<OnceLock<Arc<Feed>>>;
 pub(super) fn feed<'a>(
     slot: &'a Slot,
     pool: &PgPool,
+    home: &Arc<Home>,
     budget: &Budget,
     stop: &CancellationToken,
 ) -> &'a Arc<Feed> {
@@ -249,7 +259,9 @@ pub(super) fn feed<'a>(
         Arc::new(Feed {
             replica: rand::random(),
             base: Instant::now(),
-            options: pool.connect_options().as_ref().clone(),
+            entry: pool.clone(),
+            home: home.clone(),
+            options: OnceLock::new(),
             budget: budget.clone(),
             stop: stop.clone(),
             channel: tokio::sync::OnceCell::new(),
@@ -344,15 +356,47 @@ impl Feed {
         })
     }
 
+    /// Finds the home (asked again, with a growing pause, until the entry
+    /// answers), then starts the listener, the heartbeats and the
+    /// acknowledgements there.
     fn start(self: &Arc<Self>) {
         if self.started.swap(true, Ordering::AcqRel) {
             return;
         }
-        let (acks, queue) = mpsc::unbounded_channel();
-        let notifier = Arc::new(Mutex::new(own_pool(&self.options, self.budget.timeout())));
-        tokio::spawn(self.clone().listen(acks));
-        tokio::spawn(self.clone().send_heartbeats(notifier.clone()));
-        tokio::spawn(self.clone().send_acks(queue, notifier));
+        let feed = self.clone();
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(100);
+            let options = loop {
+                match feed.home.options(&feed.entry).await {
+                    Ok(found) => {
+                        break found
+                            .unwrap_or_else(|| feed.entry.connect_options().as_ref().clone());
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot find the node the purge feed runs on yet")
+                    }
+                }
+                tokio::select! {
+                    () = feed.stop.cancelled() => return,
+                    () = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(5));
+            };
+            let _ = feed.options.set(options);
+            let (acks, queue) = mpsc::unbounded_channel();
+            let notifier = Arc::new(Mutex::new(own_pool(feed.options(), feed.budget.timeout())));
+            tokio::spawn(feed.clone().listen(acks));
+            tokio::spawn(feed.clone().send_heartbeats(notifier.clone()));
+            tokio::spawn(feed.send_acks(queue, notifier));
+        });
+    }
+
+    /// The home's connection options (set before the tasks that use them
+    /// start).
+    fn options(&self) -> &PgConnectOptions {
+        self.options
+            .get()
+            .expect("the feed's tasks start once its home is found")
     }
 
     /// Hands an event to every cache.
@@ -375,7 +419,7 @@ impl Feed {
         loop {
             // A new pool each time: a dropped listener's connection may hang
             // in its UNLISTEN, and must not be the next listener's.
-            let pool = own_pool(&self.options, self.budget.timeout());
+            let pool = own_pool(self.options(), self.budget.timeout());
             let connect = tokio::time::timeout(self.budget.timeout(), async {
                 let mut listener = PgListener::connect_with(&pool).await?;
                 listener.ignore_pool_close_event(true);
@@ -538,7 +582,7 @@ impl Feed {
             .await;
         if sent.is_err() {
             *notifier.lock().unwrap_or_else(|e| e.into_inner()) =
-                own_pool(&self.options, self.budget.timeout());
+                own_pool(self.options(), self.budget.timeout());
         }
     }
 

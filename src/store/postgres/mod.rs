@@ -13,11 +13,14 @@
 //! ones after a restart), `feed` (the purge feed and its heartbeats),
 //! `sqlstate` (what the service knows of PostgreSQL's error codes), `rows`
 //! (decoding rows, binding batches), `shards` (on Citus, which worker holds
-//! a key, to send a batch once per worker), and here the `Store` impl and
+//! a key, to send a batch once per worker), `nodes` (on Citus, a pool per
+//! node, so that a key's statement goes straight to the node holding it, and
+//! the coordinator for what must run there), and here the `Store` impl and
 //! start-up.
 
 mod connections;
 mod feed;
+mod nodes;
 mod rows;
 mod shards;
 mod sql;
@@ -59,7 +62,18 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 
 #[derive(Clone)]
 pub struct PostgresStore {
+    /// The connections to the node DATABASE_URL names (the entry).
     connections: Arc<Connections>,
+    /// On Citus, the other nodes' connections (nodes.rs).
+    nodes: Arc<nodes::Nodes>,
+    /// Whether, on Citus, a key's statement goes straight to the node
+    /// holding its shard (`StoreOptions::citus_direct`).
+    direct: bool,
+    /// Where migrations, Purge and the purge feed go (the coordinator).
+    home: Arc<nodes::Home>,
+    home_connections: Arc<tokio::sync::OnceCell<Arc<Connections>>>,
+    /// How a pool is opened, for the other nodes'.
+    setup: Setup,
     /// Plain PostgreSQL or Citus, as the connections found.
     engine: Arc<EngineCell>,
     max_connections: u32,
@@ -90,65 +104,20 @@ impl PostgresStore {
     /// The pool for already-built connection options (tests use this to give
     /// each test its own schema).
     pub fn with_options(connect_options: PgConnectOptions, options: &StoreOptions) -> Self {
-        // One connection more than the calls may hold, so that background
-        // statements (health, the reaper, counts, heartbeats) always find
-        // one: the calls keep theirs between statements (`Connections`).
-        let suspicion = Arc::new(Suspicion::new());
-        let checks = suspicion.clone();
         let engine = Arc::new(EngineCell::default());
-        let found = engine.clone();
-        let forced = options.citus_statements;
-        let pool = PgPoolOptions::new()
-            .max_connections(options.pool_size + 1)
-            .min_connections(0)
-            .acquire_timeout(options.timeout)
-            // sqlx pings every connection it hands out unless told not to: a
-            // second round trip per call. Broken connections are still found,
-            // by the ping sqlx makes when a failed statement's connection is
-            // returned (see `Connections`), and by the one below for a
-            // connection opened before the last connection-level error.
-            // Which engine this is, asked of every new connection (one round
-            // trip per connection, not per statement), before its first
-            // statement chooses its text by it.
-            .after_connect(move |connection, _| {
-                let found = found.clone();
-                Box::pin(async move {
-                    let citus: Option<String> = sqlx::query_scalar(CITUS_VERSION)
-                        .fetch_optional(&mut *connection)
-                        .await?;
-                    if citus.is_some() {
-                        let coordinator: bool = sqlx::query_scalar(CITUS_IS_COORDINATOR)
-                            .fetch_one(&mut *connection)
-                            .await?;
-                        if !coordinator {
-                            return Err(sqlx::Error::Configuration(CITUS_WORKER.into()));
-                        }
-                    }
-                    if citus.is_some() || forced {
-                        sqlx::query(CITUS_SESSION).execute(&mut *connection).await?;
-                    }
-                    found.set(match citus.as_deref() {
-                        None if forced => Some(FORCED),
-                        version => version,
-                    });
-                    Ok(())
-                })
-            })
-            .test_before_acquire(false)
-            .before_acquire(move |connection, meta| {
-                let suspect = Instant::now()
-                    .checked_sub(meta.age)
-                    .is_some_and(|opened| checks.covers(opened));
-                Box::pin(async move { Ok(!suspect || connection.ping().await.is_ok()) })
-            })
-            .connect_lazy_with(connect_options);
+        let setup = Setup {
+            pool_size: options.pool_size,
+            timeout: options.timeout,
+            engine: engine.clone(),
+            forced: options.citus_statements,
+        };
         Self {
-            connections: Arc::new(Connections {
-                pool,
-                permits: Semaphore::new(options.pool_size as usize),
-                kept: std::sync::Mutex::default(),
-                suspicion,
-            }),
+            connections: Arc::new(setup.open(connect_options)),
+            nodes: Arc::default(),
+            direct: options.citus_direct && !options.citus_statements,
+            home: Arc::default(),
+            home_connections: Arc::default(),
+            setup,
             engine,
             max_connections: options.pool_size + 1,
             budget: Budget::new("postgresql", options.timeout),
@@ -157,6 +126,43 @@ impl PostgresStore {
             shards: Arc::default(),
             citus_statements: options.citus_statements,
         }
+    }
+
+    /// The connections for a statement on `key`: on Citus, when calls go
+    /// direct, those of the node holding the key's shard as the shard map
+    /// has it; otherwise, and whenever the map cannot say, the entry's.
+    fn on_key(&self, key: &str) -> Arc<Connections> {
+        if !self.direct || self.engine.get() != Some(Engine::Citus) {
+            return self.connections.clone();
+        }
+        let Some(map) = self.shards.current(self.pool()) else {
+            return self.connections.clone();
+        };
+        match map.group_of(key).and_then(|group| map.node(group)) {
+            Some(node) if !node.local => self.nodes.get(node, |node| {
+                self.setup
+                    .open(nodes::at_node(self.pool(), &node.host, node.port))
+            }),
+            _ => self.connections.clone(),
+        }
+    }
+
+    /// The home's connections (the coordinator's on Citus; the entry's when
+    /// it is the coordinator, or plain PostgreSQL).
+    async fn home(&self) -> Result<Arc<Connections>, Error> {
+        self.home_connections
+            .get_or_try_init(|| async {
+                let found = self
+                    .budget
+                    .run("connect", self.home.options(self.pool()))
+                    .await?;
+                Ok(match found {
+                    None => self.connections.clone(),
+                    Some(options) => Arc::new(self.setup.open(options)),
+                })
+            })
+            .await
+            .cloned()
     }
 
     /// A batch's items (`order`, positions in key order) in the groups its
@@ -201,7 +207,7 @@ impl PostgresStore {
             self.budget
                 .run(
                     operation,
-                    held!(self, |conn| arrays
+                    held!(on self.on_key(route), |conn| arrays
                         .bind(Self::batch(sql, statement, route))
                         .fetch_all(conn)),
                 )
@@ -237,21 +243,52 @@ impl PostgresStore {
         Ok(self.engine.get().unwrap_or(Engine::Postgres))
     }
 
-    /// sqlx's pool, for the statements off the call path (migrations, the
-    /// reaper, stats, health) and the connections `Connections` takes.
+    /// sqlx's pool, for the statements off the call path (the reaper,
+    /// stats, health) and the connections `Connections` takes.
     fn pool(&self) -> &PgPool {
         &self.connections.pool
+    }
+
+    /// The store's purge feed, made (not started) if it has none yet: on
+    /// the home node (`home`).
+    fn feed(&self) -> &Arc<feed::Feed> {
+        feed::feed(
+            &self.feed,
+            self.pool(),
+            &self.home,
+            &self.budget,
+            &self.feed_stop,
+        )
     }
 
     /// Applies the pending migrations; on Citus, one of them distributes the
     /// table (docs/scaling.md), and the line after says over how many shards.
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        MIGRATOR.run(self.pool()).await.map_err(|e| {
-            anyhow::anyhow!(
-                "DATABASE_URL: migrating the database at {} failed: {e}",
-                self.server()
-            )
-        })?;
+        let failed = |server: String, e: &dyn std::fmt::Display| {
+            anyhow::anyhow!("DATABASE_URL: migrating the database at {server} failed: {e}")
+        };
+        // On a Citus worker, through the coordinator: DDL runs there.
+        let home = self
+            .home
+            .options(self.pool())
+            .await
+            .map_err(|e| failed(self.server(), &e))?;
+        match home {
+            None => MIGRATOR
+                .run(self.pool())
+                .await
+                .map_err(|e| failed(self.server(), &e))?,
+            Some(options) => {
+                let coordinator = format!("{}:{}", options.get_host(), options.get_port());
+                let pool = PgPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(self.budget.timeout)
+                    .connect_lazy_with(options);
+                let migrated = MIGRATOR.run(&pool).await;
+                pool.close().await;
+                migrated.map_err(|e| failed(format!("the coordinator {coordinator}"), &e))?;
+            }
+        }
         if self.engine().await? == Engine::Citus && !self.citus_statements {
             let shards: i64 = sqlx::query_scalar(CITUS_SHARDS)
                 .fetch_one(self.pool())
@@ -281,12 +318,8 @@ impl PostgresStore {
             )
             .await
             {
-                Ok(Ok(mut connection)) => {
-                    let worker = citus_worker(&mut connection).await;
+                Ok(Ok(connection)) => {
                     let _ = connection.close().await;
-                    if worker {
-                        anyhow::bail!("{CITUS_WORKER}");
-                    }
                     return Ok(());
                 }
                 Ok(Err(error)) => error,
@@ -383,6 +416,74 @@ fn tls_failed(server: &str, ssl_mode: PgSslMode, error: &dyn std::fmt::Display) 
     )
 }
 
+/// How the store opens a node's pool: the entry's, and on Citus each other
+/// node's the same way.
+#[derive(Clone)]
+struct Setup {
+    pool_size: u32,
+    timeout: Duration,
+    /// Told by every new connection which engine it is on.
+    engine: Arc<EngineCell>,
+    /// Citus's statements on plain PostgreSQL (`StoreOptions::citus_statements`).
+    forced: bool,
+}
+
+impl Setup {
+    /// A pool for `connect_options`, not connected yet.
+    fn open(&self, connect_options: PgConnectOptions) -> Connections {
+        // One connection more than the calls may hold, so that background
+        // statements (health, the reaper, counts, heartbeats) always find
+        // one: the calls keep theirs between statements (`Connections`).
+        let suspicion = Arc::new(Suspicion::new());
+        let checks = suspicion.clone();
+        let found = self.engine.clone();
+        let forced = self.forced;
+        let pool = PgPoolOptions::new()
+            .max_connections(self.pool_size + 1)
+            .min_connections(0)
+            .acquire_timeout(self.timeout)
+            // sqlx pings every connection it hands out unless told not to: a
+            // second round trip per call. Broken connections are still found,
+            // by the ping sqlx makes when a failed statement's connection is
+            // returned (see `Connections`), and by the one below for a
+            // connection opened before the last connection-level error.
+            // Which engine this is, asked of every new connection (one round
+            // trip per connection, not per statement), before its first
+            // statement chooses its text by it. Any Citus node will do: every
+            // node of a Citus 11+ cluster routes a statement to its shard.
+            .after_connect(move |connection, _| {
+                let found = found.clone();
+                Box::pin(async move {
+                    let citus: Option<String> = sqlx::query_scalar(CITUS_VERSION)
+                        .fetch_optional(&mut *connection)
+                        .await?;
+                    if citus.is_some() || forced {
+                        sqlx::query(CITUS_SESSION).execute(&mut *connection).await?;
+                    }
+                    found.set(match citus.as_deref() {
+                        None if forced => Some(FORCED),
+                        version => version,
+                    });
+                    Ok(())
+                })
+            })
+            .test_before_acquire(false)
+            .before_acquire(move |connection, meta| {
+                let suspect = Instant::now()
+                    .checked_sub(meta.age)
+                    .is_some_and(|opened| checks.covers(opened));
+                Box::pin(async move { Ok(!suspect || connection.ping().await.is_ok()) })
+            })
+            .connect_lazy_with(connect_options);
+        Connections {
+            pool,
+            permits: Semaphore::new(self.pool_size as usize),
+            kept: std::sync::Mutex::default(),
+            suspicion,
+        }
+    }
+}
+
 /// The database behind `DATABASE_URL`: the statements differ (sql.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
@@ -398,29 +499,6 @@ impl Engine {
             Self::Citus => &ON_CITUS,
         }
     }
-}
-
-/// Why a Citus worker is refused: replicas must share the node they listen
-/// on, and Purge notifies the coordinator's listeners.
-const CITUS_WORKER: &str = "DATABASE_URL names a Citus worker, not the coordinator: connect every \
-     replica to the coordinator (Purge's notifications and the replay caches' feed are on the \
-     node the replicas listen on, and a NOTIFY reaches only that node; querying from any node \
-     is not supported; see docs/scaling.md)";
-
-/// Whether the connection is to a Citus node other than the coordinator
-/// (a failed question counts as no: the pool asks again and says why).
-async fn citus_worker(connection: &mut PgConnection) -> bool {
-    let citus: Option<String> = sqlx::query_scalar(CITUS_VERSION)
-        .fetch_optional(&mut *connection)
-        .await
-        .unwrap_or_default();
-    if citus.is_none() {
-        return false;
-    }
-    let coordinator: Result<bool, _> = sqlx::query_scalar(CITUS_IS_COORDINATOR)
-        .fetch_one(&mut *connection)
-        .await;
-    matches!(coordinator, Ok(false))
 }
 
 /// What `EngineCell` is told for plain PostgreSQL running Citus's
@@ -450,8 +528,8 @@ impl EngineCell {
         match citus_version {
             Some(version) => tracing::info!(
                 citus = version,
-                "the database is a Citus coordinator: every call's statement goes to the one \
-                 shard of its key, with the coordinator's clock"
+                "the database is a Citus cluster: every call's statement goes to the one \
+                 shard of its key"
             ),
             None => tracing::info!("the database is plain PostgreSQL"),
         }
@@ -472,7 +550,7 @@ impl PostgresStore {
             .budget
             .run(
                 operation,
-                held!(self, |conn| sqlx::query(statement)
+                held!(on self.on_key(lease.key.as_str()), |conn| sqlx::query(statement)
                     .bind(lease.namespace.as_str())
                     .bind(lease.key.as_str())
                     .bind(lease.lease_token.as_bytes().as_slice())
@@ -497,7 +575,7 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "fetch",
-                held!(self, |conn| sqlx::query(self.sql().fetch)
+                held!(on self.on_key(key.as_str()), |conn| sqlx::query(self.sql().fetch)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .fetch_one(conn)),
@@ -559,7 +637,7 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "claim_or_fetch",
-                held!(self, |conn| sqlx::query(self.sql().claim_or_fetch)
+                held!(on self.on_key(lease.key.as_str()), |conn| sqlx::query(self.sql().claim_or_fetch)
                     .bind(lease.namespace.as_str())
                     .bind(lease.key.as_str())
                     .bind(lease.lease_token.as_bytes().as_slice())
@@ -612,7 +690,7 @@ impl Store for PostgresStore {
             self.budget
                 .run(
                     "fetch_many",
-                    held!(self, |conn| Self::batch(sql, statement, names[0])
+                    held!(on self.on_key(names[0]), |conn| Self::batch(sql, statement, names[0])
                         .bind(&namespaces)
                         .bind(&names)
                         .fetch_all(conn)),
@@ -708,7 +786,7 @@ impl Store for PostgresStore {
             self.budget
                 .run(
                     "complete_many",
-                    held!(self, |conn| Self::batch(sql, statement, names[0])
+                    held!(on self.on_key(names[0]), |conn| Self::batch(sql, statement, names[0])
                         .bind(&namespaces)
                         .bind(&names)
                         .bind(&tokens)
@@ -745,7 +823,7 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "complete",
-                held!(self, |conn| sqlx::query_scalar(COMPLETE)
+                held!(on self.on_key(key.as_str()), |conn| sqlx::query_scalar(COMPLETE)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(token.as_bytes().as_slice())
@@ -773,7 +851,7 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "release",
-                held!(self, |conn| sqlx::query(RELEASE)
+                held!(on self.on_key(key.as_str()), |conn| sqlx::query(RELEASE)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(token.as_bytes().as_slice())
@@ -796,7 +874,7 @@ impl Store for PostgresStore {
             .budget
             .run(
                 "extend_lease",
-                held!(self, |conn| sqlx::query_scalar(EXTEND_LEASE)
+                held!(on self.on_key(key.as_str()), |conn| sqlx::query_scalar(EXTEND_LEASE)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(token.as_bytes().as_slice())
@@ -828,13 +906,15 @@ impl Store for PostgresStore {
     /// Returns once no replica's replay cache can answer with what was
     /// purged (`feed`: each acknowledged it, or the bound has passed).
     async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<Purged>, Error> {
-        let feed = feed::feed(&self.feed, self.pool(), &self.budget, &self.feed_stop);
+        // On the home node, whose listeners every replica's feed is on.
+        let home = self.home().await?;
+        let feed = self.feed();
         let purge = feed.purge(self.pool()).await?;
         let state: Option<i16> = self
             .budget
             .run(
                 "purge",
-                held!(once self, |conn| sqlx::query_scalar(self.sql().purge)
+                held!(once on home, |conn| sqlx::query_scalar(self.sql().purge)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(&purge.channel)
@@ -937,7 +1017,7 @@ impl Store for PostgresStore {
     /// The store's one feed (`feed`: a LISTEN connection and a connection
     /// for heartbeats, both outside the pool), told to one more cache.
     fn purge_feed(&self) -> Option<mpsc::Receiver<PurgeEvent>> {
-        Some(feed::feed(&self.feed, self.pool(), &self.budget, &self.feed_stop).subscribe())
+        Some(self.feed().subscribe())
     }
 
     /// No cache here: `cache::Cached` wraps this store.
@@ -949,6 +1029,14 @@ impl Store for PostgresStore {
         self.feed_stop.cancel();
         self.connections.release_all();
         self.pool().close().await;
+        for node in self.nodes.all() {
+            node.release_all();
+            node.pool.close().await;
+        }
+        if let Some(home) = self.home_connections.get() {
+            home.release_all();
+            home.pool.close().await;
+        }
     }
 }
 

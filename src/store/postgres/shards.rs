@@ -10,10 +10,15 @@
 //! catalogue (`pg_dist_shard`, `pg_dist_placement`), read when the store
 //! first needs it and again every [`REFRESH_EVERY`].
 //!
-//! The map only decides how keys are grouped, never what a statement does:
-//! each group's call is routed by Citus by one of its keys, and a key the map
-//! placed wrongly (a shard moved since the last read) is still found by the
-//! worker, through Citus, at the cost of a hop.
+//! The same read gives each node group's address (`pg_dist_node`), which
+//! nodes.rs opens pools to, so that a group's call goes straight to the node
+//! holding its keys.
+//!
+//! The map only decides how keys are grouped and where a call is sent,
+//! never what a statement does: each group's call is routed by Citus by one
+//! of its keys, and a key the map placed wrongly (a shard moved since the
+//! last read) is still found by the node, through Citus, at the cost of a
+//! hop.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -21,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgPool;
 
-use super::sql::CITUS_SHARD_MAP;
+use super::nodes::Node;
+use super::sql::{CITUS_NODES, CITUS_SHARD_MAP};
 
 /// How old the shard map may get before a batch asks for a fresh one (read
 /// in the background: the batch goes on with the map it has). A shard moved
@@ -93,10 +99,11 @@ pub fn hashtext(bytes: &[u8]) -> i32 {
 }
 
 /// Each shard's hash range and the node group (worker) holding it, by the
-/// range's start.
+/// range's start, and each group's primary.
 #[derive(Debug, Default)]
 pub(super) struct ShardMap {
     ranges: Vec<(i32, i32, i32)>,
+    nodes: Vec<Node>,
 }
 
 impl ShardMap {
@@ -105,18 +112,36 @@ impl ShardMap {
     pub(super) fn halves() -> Self {
         Self {
             ranges: vec![(i32::MIN, -1, 1), (0, i32::MAX, 2)],
+            nodes: Vec::new(),
         }
     }
 
     /// The map from the catalogue's rows: (shardminvalue, shardmaxvalue,
-    /// groupid); rows that are not a hash range are left out.
-    fn from_rows(rows: Vec<(String, String, i32)>) -> Self {
+    /// groupid); rows that are not a hash range are left out. `nodes` are
+    /// (groupid, nodename, nodeport, local).
+    fn from_rows(rows: Vec<(String, String, i32)>, nodes: Vec<(i32, String, i32, bool)>) -> Self {
         let mut ranges: Vec<(i32, i32, i32)> = rows
             .into_iter()
             .filter_map(|(min, max, group)| Some((min.parse().ok()?, max.parse().ok()?, group)))
             .collect();
         ranges.sort_unstable();
-        Self { ranges }
+        let nodes = nodes
+            .into_iter()
+            .filter_map(|(group, host, port, local)| {
+                Some(Node {
+                    group,
+                    host,
+                    port: u16::try_from(port).ok()?,
+                    local,
+                })
+            })
+            .collect();
+        Self { ranges, nodes }
+    }
+
+    /// The primary of node group `group`, when the map knows it.
+    pub(super) fn node(&self, group: i32) -> Option<&Node> {
+        self.nodes.iter().find(|node| node.group == group)
     }
 
     /// The node group holding `key`'s shard, when the map knows it.
@@ -148,9 +173,14 @@ impl Shards {
             let pool = pool.clone();
             tokio::spawn(async move {
                 let read_at = Instant::now();
-                match sqlx::query_as(CITUS_SHARD_MAP).fetch_all(&pool).await {
-                    Ok(rows) => {
-                        let map = Arc::new(ShardMap::from_rows(rows));
+                let read = async {
+                    let rows = sqlx::query_as(CITUS_SHARD_MAP).fetch_all(&pool).await?;
+                    let nodes = sqlx::query_as(CITUS_NODES).fetch_all(&pool).await?;
+                    Ok::<_, sqlx::Error>((rows, nodes))
+                };
+                match read.await {
+                    Ok((rows, nodes)) => {
+                        let map = Arc::new(ShardMap::from_rows(rows, nodes));
                         *shards.map.write().unwrap_or_else(|e| e.into_inner()) =
                             Some((read_at, map));
                     }
@@ -205,10 +235,15 @@ mod tests {
 
     #[test]
     fn keys_are_grouped_by_their_shards_worker_in_key_order() {
-        let map = ShardMap::from_rows(vec![
-            ("-2147483648".into(), "-1".into(), 1),
-            ("0".into(), "2147483647".into(), 2),
-        ]);
+        let map = ShardMap::from_rows(
+            vec![
+                ("-2147483648".into(), "-1".into(), 1),
+                ("0".into(), "2147483647".into(), 2),
+            ],
+            vec![(1, "w1".into(), 5432, true), (2, "w2".into(), 5433, false)],
+        );
+        assert_eq!(map.node(2).map(|n| (n.port, n.local)), Some((5433, false)));
+        assert_eq!(map.node(3), None);
         let keys = ["a", "b", "c", "d", "e", "f"];
         let groups = group_by_worker(Some(&map), &[0, 1, 2, 3, 4, 5], |i| keys[i]);
         // a, c, d, e hash at or above 0; b and f below.

@@ -465,6 +465,21 @@ FROM pg_dist_shard AS s JOIN pg_dist_placement AS p USING (shardid)
 WHERE s.logicalrelid = 'idempotency_records'::regclass AND p.shardstate = 1
 GROUP BY s.shardminvalue, s.shardmaxvalue";
 
+/// The nodes that may take the service's statements: each node group's
+/// primary, and the group of the node asked (`pg_dist_local_group`), so
+/// that its own group's statements stay on the connection it already has.
+pub(super) const CITUS_NODES: &str = "
+SELECT n.groupid, n.nodename, n.nodeport, (n.groupid = l.groupid) AS local
+FROM pg_dist_node AS n CROSS JOIN pg_dist_local_group AS l
+WHERE n.isactive AND n.noderole = 'primary'";
+
+/// The coordinator's address, as the cluster's metadata has it (group 0,
+/// registered with `citus_set_coordinator_host`).
+pub(super) const CITUS_COORDINATOR: &str = "
+SELECT nodename, nodeport FROM pg_dist_node
+WHERE groupid = 0 AND noderole = 'primary'
+LIMIT 1";
+
 /// Run on every new connection: the Citus extension's version, or no row on
 /// plain PostgreSQL.
 pub(super) const CITUS_VERSION: &str =
