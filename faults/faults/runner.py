@@ -125,6 +125,12 @@ async def run_scenario(scenario, ci: bool, duration: Optional[float], command: s
                 pass
         report = check(history, scenario.name)
         report.notes.update(env.notes)
+        # A run whose workload did no work proves nothing, whatever its counts.
+        if history.workload_errors:
+            errors.append(f"the workload itself failed {len(history.workload_errors)} time(s): "
+                          f"{history.workload_errors[:3]}")
+        if not history.effects:
+            errors.append("the workload applied no effect: the run exercised nothing")
         report.command = command
         if not errors:
             try:

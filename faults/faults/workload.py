@@ -134,6 +134,10 @@ class History:
         #: "key", "start", "end", "effective", ...}; from `effective` on, no
         #: Claim may replay a result completed before `start` (the checker)
         self.removals: List[Dict[str, Any]] = []
+        #: the workload's own failures (a consumer's handling of a delivery
+        #: raised something it does not expect): each fails the scenario,
+        #: since a workload that stops working proves nothing
+        self.workload_errors: List[str] = []
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -248,13 +252,15 @@ class RecordedCalls:
         self.wait_support = workload.client.wait_support
         self._fence: Optional[int] = None
 
-    async def claim(self, namespace, key, *, fingerprint=b"", lease_ttl=None, retention=None, wait=None):
+    async def claim(self, namespace, key, *, fingerprint=b"", lease_ttl=None, retention=None, wait=None,
+                    late_retry=None):
         workload = self._workload
         token = new_lease_token()
         rec, result = await workload.call(
             "Claim", key, self._who,
             lambda: workload.client.claim(namespace, key, fingerprint=fingerprint, lease_ttl=lease_ttl,
-                                          retention=retention, lease_token=token, wait=wait),
+                                          retention=retention, lease_token=token, wait=wait,
+                                          late_retry=late_retry),
             raise_errors=True, token=token, wait=wait and wait_within(wait, self.timeout))
         workload._claimed(rec, result, asked_to_wait=wait is not None)
         if result.outcome is Outcome.CLAIMED:
@@ -432,6 +438,9 @@ class Workload:
                 return
             try:
                 await self._handle(key, who)
+            except Exception as error:  # the workload's own bug: recorded, the consumer goes on
+                if len(self.history.workload_errors) < 20:
+                    self.history.workload_errors.append(f"{type(error).__name__}: {error}"[:300])
             finally:
                 self._done()
 
