@@ -43,6 +43,7 @@ For the test only (tests/test_exactly_once.py):
 from __future__ import annotations
 
 import asyncio
+import decimal
 import json
 import logging
 import os
@@ -216,19 +217,59 @@ async def apply_order(
     return receipt, True
 
 
+#: The largest amount accepted, in cents: what every JSON parser reads exactly
+#: (2^53 - 1), well within the bigint columns.
+MAX_AMOUNT_CENTS = 2**53 - 1
+
+
+def _refuse_constant(name: str):
+    # Python's json reads NaN, Infinity and -Infinity, which are not JSON.
+    raise BadMessage(f"not JSON: {name} is not a JSON number")
+
+
+def _text(order: dict, field: str) -> str:
+    value = order.get(field)
+    if not isinstance(value, str) or not value:
+        got = "missing or null" if value is None else "a JSON " + (
+            "string" if isinstance(value, str) else "boolean" if isinstance(value, bool)
+            else "number" if isinstance(value, (int, decimal.Decimal)) else "object" if isinstance(value, dict)
+            else "array")
+        raise BadMessage(f"{field} must be a non-empty string, not {got}")
+    try:
+        value.encode("utf-8")  # a lone surrogate (\\ud800) is not text
+    except UnicodeEncodeError:
+        raise BadMessage(f"{field} is not valid Unicode") from None
+    return value
+
+
+def parse_order(body: bytes) -> dict:
+    """The order in a message body, strictly: an object with order_id and
+    customer (non-empty strings) and amount_cents, an integer number of cents
+    (minor units) within +-(2^53 - 1). Nothing is coerced: 12.99, 1299.0,
+    "1299", true, 1e400, NaN are refused (int() would read 12.99 as 12 and
+    true as 1; 1e400 is a float overflow). Raises BadMessage with the reason."""
+    try:
+        # Floats parsed as Decimal (1e400 stays finite and is then refused
+        # below, instead of becoming inf); NaN/Infinity refused outright.
+        order = json.loads(body, parse_float=decimal.Decimal, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, nested too deep
+        raise BadMessage(f"not JSON: {error}"[:200]) from None
+    if not isinstance(order, dict):
+        raise BadMessage("not an order: the body is not a JSON object")
+    amount = order.get("amount_cents")
+    # bool is a subclass of int: true must not be read as 1 cent.
+    if type(amount) is not int or abs(amount) > MAX_AMOUNT_CENTS:
+        shown = "missing" if "amount_cents" not in order else (
+            str(amount) if isinstance(amount, decimal.Decimal) else json.dumps(amount))[:40]
+        raise BadMessage(f"amount_cents must be an integer number of cents within +-(2^53 - 1), not {shown}")
+    return {"order_id": _text(order, "order_id"), "customer": _text(order, "customer"), "amount_cents": amount}
+
+
 def parse(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[str, dict]:
     """The message's stable id and its order. The id is the message_id property
     the publisher set, else the order id in the body: never the delivery tag or
     anything else that changes between deliveries."""
-    try:
-        order = json.loads(message.body)
-        order = {
-            "order_id": str(order["order_id"]),
-            "customer": str(order["customer"]),
-            "amount_cents": int(order["amount_cents"]),
-        }
-    except (ValueError, KeyError, TypeError) as error:
-        raise BadMessage(f"not an order: {error}") from None
+    order = parse_order(message.body)
     return message.message_id or order["order_id"], order
 
 

@@ -477,3 +477,54 @@ def test_ledger_outage_parks_the_batch(tmp_path, server, orders_db, queue_name):
         for i in range(3):
             record = client.get(NAMESPACE, derive_key("orders", f"ord-o{i}"))
             assert (record.state, record.fencing_token) == (State.RELEASED, 4)
+
+
+#: Bodies the consumer must refuse, each with the reason it is parked with
+#: (issue 33, defects 1 and 2): int() read 12.99 as 12 and true as 1, and
+#: 1e400 (inf) raised out of the batch loop, so the consumer exited, and, run
+#: again, exited again on the same message: one message stopped the queue.
+POISON = [
+    ("ord-fraction", b'{"order_id": "ord-fraction", "customer": "c", "amount_cents": 12.99}',
+     "amount_cents must be an integer number of cents within +-(2^53 - 1), not 12.99"),
+    ("ord-bool", b'{"order_id": "ord-bool", "customer": "c", "amount_cents": true}',
+     "amount_cents must be an integer number of cents within +-(2^53 - 1), not true"),
+    ("ord-string", b'{"order_id": "ord-string", "customer": "c", "amount_cents": "1299"}',
+     'amount_cents must be an integer number of cents within +-(2^53 - 1), not "1299"'),
+    ("ord-huge", b'{"order_id": "ord-huge", "customer": "c", "amount_cents": 1e400}',
+     "amount_cents must be an integer number of cents within +-(2^53 - 1), not 1E+400"),
+    ("ord-nan", b'{"order_id": "ord-nan", "customer": "c", "amount_cents": NaN}',
+     "not JSON: NaN is not a JSON number"),
+    ("ord-inf", b'{"order_id": "ord-inf", "customer": "c", "amount_cents": Infinity}',
+     "not JSON: Infinity is not a JSON number"),
+]
+
+
+def test_poison_in_a_batch_is_parked_and_the_rest_applied(tmp_path, server, orders_db, queue_name):
+    """Issue 33, defects 1 and 2. One batch holding amounts that are not an
+    integer number of cents (12.99, true, "1299", 1e400) and non-finite
+    numbers (NaN, Infinity) between two good orders: the bad ones are parked
+    as not_an_order with the reason, without a Claim; the good ones in the
+    same batch are applied; the consumer keeps running."""
+    journal = tmp_path / "journal.jsonl"
+    publish(queue_name, [("ord-good-1", "1", order_body("ord-good-1", 1299))]
+            + [(oid, "1", body) for oid, body, _ in POISON]
+            + [("ord-good-2", "1", order_body("ord-good-2", 5))])
+    run = ConsumerRun(tmp_path, "poison", server, orders_db, queue_name, journal)
+    try:
+        wait_for(lambda: len(read_journal(journal)) >= len(POISON) + 2 or run.process.poll() is not None, 30,
+                 "every message to be parked or acked")
+        assert run.process.poll() is None, run.log()
+    finally:
+        assert run.stop() == 0, run.log()
+    entries = read_journal(journal)
+    assert sorted((e["event"], e.get("reason"), e["batch"]) for e in entries) == sorted(
+        [("park", "not_an_order", 1)] * len(POISON) + [("ack", None, 1)] * 2)
+    assert sorted(e["message_id"] for e in entries if e["event"] == "ack") == ["ord-good-1", "ord-good-2"]
+    dlq = {m: (h[topology.PARKED_REASON], h[topology.PARKED_DETAIL], body) for m, h, body in parked(queue_name)}
+    assert dlq == {oid: ("not_an_order", detail, body) for oid, body, detail in POISON}
+    assert {oid: (r["amount_cents"], r["ledger_amount"]) for oid, r in rows(orders_db).items()} == {
+        "ord-good-1": (1299, 1299), "ord-good-2": (5, 5)}
+    with IdempotencyClient(server.target) as client:  # nothing was claimed for them
+        for oid, _, _ in POISON:
+            assert client.get(NAMESPACE, derive_key("orders", oid)).state is State.ABSENT
+    assert depths(queue_name) == {q: 0 for q in topology.queue_names(queue_name, RETRY_DELAYS)}

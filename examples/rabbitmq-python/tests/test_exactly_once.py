@@ -829,3 +829,56 @@ def test_purge_alone_does_not_rerun_a_guarded_effect(tmp_path, server, orders_db
     finally:
         assert run.stop() == 0, run.log()
     assert [(r["amount_cents"], r["ledger_amount"]) for r in order_rows(orders_db)] == [(150, 150)]
+
+
+#: Bodies a consumer must refuse, each with the reason it is parked with
+#: (issue 33, defects 1 and 2): int() read 12.99 as 12 and true as 1, and
+#: 1e400 (inf) or NaN raised out of the handler, leaving the message unacked.
+POISON = [
+    ("ord-fraction", b'{"order_id": "ord-fraction", "customer": "c", "amount_cents": 12.99}',
+     "amount_cents must be an integer number of cents within +-(2^53 - 1), not 12.99"),
+    ("ord-float", b'{"order_id": "ord-float", "customer": "c", "amount_cents": 1299.0}',
+     "amount_cents must be an integer number of cents within +-(2^53 - 1), not 1299.0"),
+    ("ord-bool", b'{"order_id": "ord-bool", "customer": "c", "amount_cents": true}',
+     "amount_cents must be an integer number of cents within +-(2^53 - 1), not true"),
+    ("ord-string", b'{"order_id": "ord-string", "customer": "c", "amount_cents": "1299"}',
+     'amount_cents must be an integer number of cents within +-(2^53 - 1), not "1299"'),
+    ("ord-huge", b'{"order_id": "ord-huge", "customer": "c", "amount_cents": 1e400}',
+     "amount_cents must be an integer number of cents within +-(2^53 - 1), not 1E+400"),
+    ("ord-big", b'{"order_id": "ord-big", "customer": "c", "amount_cents": 9007199254740992}',
+     "amount_cents must be an integer number of cents within +-(2^53 - 1), not 9007199254740992"),
+    ("ord-nan", b'{"order_id": "ord-nan", "customer": "c", "amount_cents": NaN}',
+     "not JSON: NaN is not a JSON number"),
+    ("ord-inf", b'{"order_id": "ord-inf", "customer": "c", "amount_cents": -Infinity}',
+     "not JSON: -Infinity is not a JSON number"),
+    ("ord-customer", b'{"order_id": "ord-customer", "customer": 42, "amount_cents": 5}',
+     "customer must be a non-empty string, not a JSON number"),
+]
+
+
+def test_poison_amounts_are_parked_and_the_queue_goes_on(tmp_path, server, orders_db, queue_name):
+    """Issue 33, defects 1 and 2. Amounts that are not an integer number of
+    cents (12.99, 1299.0, true, "1299", 1e400, 2^53) and non-finite numbers
+    (NaN, -Infinity, which Python's json reads) are parked as not_an_order
+    with the reason, without a Claim; an order published behind them is
+    applied, and the consumer keeps running."""
+    journal = tmp_path / "journal.jsonl"
+    publish(queue_name, [(oid, oid, body) for oid, body, _ in POISON]
+            + [("ord-good", "ord-good", order_body("ord-good", 1299))])
+    run = ConsumerRun(tmp_path, "poison", server, orders_db, queue_name, journal)
+    try:
+        wait_for(lambda: {e["copy"] for e in read_journal(journal)} >= {oid for oid, _, _ in POISON} | {"ord-good"},
+                 30, "every message to be parked or acked")
+        assert run.process.poll() is None, run.log()
+    finally:
+        assert run.stop() == 0, run.log()
+    entries = read_journal(journal)
+    assert sorted((e["copy"], e["event"], e.get("reason")) for e in entries) == sorted(
+        [(oid, "park", "not_an_order") for oid, _, _ in POISON] + [("ord-good", "ack", None)])
+    dlq = {h["x-test-copy"]: (h[topology.PARKED_REASON], h[topology.PARKED_DETAIL], body) for _, h, body in parked(queue_name)}
+    assert dlq == {oid: ("not_an_order", detail, body) for oid, body, detail in POISON}
+    assert [(r["order_id"], r["amount_cents"], r["ledger_amount"]) for r in order_rows(orders_db)] == [
+        ("ord-good", 1299, 1299)]
+    with IdempotencyClient(server.target) as client:  # nothing was claimed for them
+        for oid, _, _ in POISON:
+            assert client.get(consumer_module.NAMESPACE, derive_key("orders", oid)).state is State.ABSENT
