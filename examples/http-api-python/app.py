@@ -61,6 +61,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import math
@@ -109,9 +111,30 @@ def _csv(name: str) -> frozenset:
     return frozenset(item.strip() for item in os.environ.get(name, "").split(",") if item.strip())
 
 
+def key_digest(api_key: str) -> bytes:
+    """What the API keeps of an API key: its SHA-256. Compared in constant
+    time by principal_for(); the same length whatever the key's."""
+    return hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).digest()
+
+
+def principal_for(api_keys: Tuple[Tuple[bytes, str], ...], presented: str) -> Optional[str]:
+    """The principal whose API key was presented, or None. In constant time:
+    the presented key's digest is compared with every configured digest by
+    hmac.compare_digest, with no early exit, so the time taken does not tell
+    how much of a key was right, nor which key matched (a dict lookup, or
+    ==, stops at the first differing byte)."""
+    digest = key_digest(presented)
+    found: Optional[str] = None
+    for candidate, principal in api_keys:
+        if hmac.compare_digest(digest, candidate):
+            found = principal
+    return found
+
+
 @dataclass(frozen=True)
 class Config:
-    api_keys: Dict[str, str]
+    #: (SHA-256 of an API key, its principal): never the keys themselves.
+    api_keys: Tuple[Tuple[bytes, str], ...]
     target: str
     database: str
     lease: float
@@ -124,15 +147,15 @@ class Config:
 
     @classmethod
     def from_env(cls) -> "Config":
-        keys: Dict[str, str] = {}
+        keys: Dict[bytes, str] = {}
         for entry in os.environ.get("API_KEYS", "").split(","):
             api_key, sep, principal = entry.strip().partition("=")
             if sep and api_key and principal:
-                keys[api_key] = principal
+                keys[key_digest(api_key)] = principal
         if not keys:
             raise RuntimeError("API_KEYS is not set (<api key>=<principal>, comma-separated)")
         return cls(
-            api_keys=keys,
+            api_keys=tuple(keys.items()),
             target=os.environ.get("IDEMPOTENCY_TARGET", "127.0.0.1:50051"),
             database=os.environ.get("API_DB", "api.db"),
             lease=float(os.environ.get("API_LEASE_SECONDS", "30")),
@@ -358,7 +381,7 @@ def create_app(config: Optional[Config] = None) -> FastAPI:
         scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
         if scheme.lower() != "bearer":
             return None
-        return state["config"].api_keys.get(token.strip())
+        return principal_for(state["config"].api_keys, token.strip())
 
     async def charge_once(cfg: Config, namespace: str, key: str, fp: str, token: int, principal: str,
                           charge: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[int]]:
