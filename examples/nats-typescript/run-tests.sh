@@ -21,6 +21,9 @@ if [ ! -x "$bin" ]; then
 fi
 export IDEMPOTENCY_BIN="$bin"
 
+# The retention against the server's remember_for: docs/recipes.md's rule (check_settings.py).
+python3 "$repo/examples/check_settings.py" nats-typescript "$bin"
+
 # The services this test needs must already be running (CI starts them).
 export NATS_URL=${NATS_URL:-nats://127.0.0.1:4222}
 export LEDGER_POSTGRES=${LEDGER_POSTGRES:-postgres://postgres@127.0.0.1:5432}

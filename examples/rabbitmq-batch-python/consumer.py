@@ -29,7 +29,7 @@ Configuration (environment), as examples/rabbitmq-python/consumer.py, plus:
   BATCH_SIZE            50      most messages in a batch; also the prefetch
   BATCH_WAIT_SECONDS    0.2     how long a batch waits for more after its first message
   AMQP_URL, QUEUE (orders), ORDERS_DATABASE_URL, IDEMPOTENCY_TARGET,
-  LEASE_SECONDS (30), RETENTION_SECONDS (604800), RETRY_DELAYS, DELIVERY_LIMIT
+  LEASE_SECONDS (30), RETENTION_SECONDS (259200: 3 days), RETRY_DELAYS, DELIVERY_LIMIT
 
 For the test only (tests/test_batches.py):
   CONSUMER_JOURNAL      a file to append one JSON line per ack, retry or park
@@ -277,7 +277,7 @@ class BatchConsumer:
         self.journal = journal
         self.kill = kill
         self.lease = env_float("LEASE_SECONDS", 30)
-        self.retention = env_float("RETENTION_SECONDS", 7 * 24 * 3600)
+        self.retention = env_float("RETENTION_SECONDS", 3 * 24 * 3600)
         self.delays = topology.retry_delays()
         self.batches = 0
         self.busy = False

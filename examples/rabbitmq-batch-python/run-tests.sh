@@ -22,6 +22,9 @@ if [ ! -x "$bin" ]; then
 fi
 export IDEMPOTENCY_BIN="$bin"
 
+# The retention against the server's remember_for: docs/recipes.md's rule (check_settings.py).
+python3 "$repo/examples/check_settings.py" rabbitmq-batch-python "$bin"
+
 # The brokers this test needs must already be running (CI starts them).
 amqp_url=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}
 pg_url=${ORDERS_POSTGRES:-postgres://postgres@127.0.0.1:5432}

@@ -78,7 +78,7 @@ func main() {
 	flag.StringVar(&s.namespace, "namespace", "examples/rabbitmq-go", "the namespace of the orders' keys")
 	flag.StringVar(&s.ledgerDir, "ledger", "ledger", "the folder the effect writes to")
 	flag.DurationVar(&s.lease, "lease", 30*time.Second, "the lease per order (the heartbeat extends it every third)")
-	flag.DurationVar(&s.retention, "retention", 7*24*time.Hour, "how long a completed order's receipt is kept and replayed")
+	flag.DurationVar(&s.retention, "retention", 3*24*time.Hour, "how long a completed order's receipt is kept and replayed")
 	flag.DurationVar(&s.wait, "wait", 45*time.Second, "how long a delivery waits on another consumer's live lease (more than a lease)")
 	flag.StringVar(&delays, "retry-delays", DefaultRetryDelays, "the backoff before each retry; then the message is parked")
 	flag.IntVar(&s.deliveryLimit, "delivery-limit", DefaultDeliveryLimit, "redeliveries after a crash before RabbitMQ dead-letters a message")

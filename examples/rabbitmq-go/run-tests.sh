@@ -15,6 +15,8 @@
 set -euo pipefail
 source "$(dirname "$0")/../../clients/go/lib.sh"
 go_server_bin
+# The retention against the server's remember_for: docs/recipes.md's rule (check_settings.py).
+python3 "$go_repo/examples/check_settings.py" rabbitmq-go "$IDEMPOTENCY_BIN"
 
 url=${RABBITMQ_URL:-amqp://guest:guest@127.0.0.1:5672/}
 hostport=${url#*://}; hostport=${hostport#*@}; hostport=${hostport%%/*}

@@ -25,7 +25,8 @@ Configuration (environment):
   ORDERS_DATABASE_URL   postgres://postgres@127.0.0.1:5432/orders   (this consumer's own database)
   IDEMPOTENCY_TARGET    127.0.0.1:50051
   LEASE_SECONDS         30      lease per message; once()'s heartbeat extends it every 10 s while the effect runs
-  RETENTION_SECONDS     604800  how long a completed message's receipt is kept and replayed (7 days)
+  RETENTION_SECONDS     259200  how long a completed message's receipt is kept and replayed (3 days;
+                                shorter than the server's remember_for, 7 days: docs/recipes.md)
   WAIT_SECONDS          45      how long a delivery waits on another consumer's live lease (more than a lease)
   RETRY_DELAYS          1,5,30,120,600,600,600   backoff before each retry, in seconds (then parked)
   DELIVERY_LIMIT        20      redeliveries after a crash before RabbitMQ dead-letters a message
@@ -291,7 +292,7 @@ class Consumer:
         self.channel = channel
         self.queue = queue
         self.lease = env_float("LEASE_SECONDS", 30)
-        self.retention = env_float("RETENTION_SECONDS", 7 * 24 * 3600)
+        self.retention = env_float("RETENTION_SECONDS", 3 * 24 * 3600)
         self.wait = env_float("WAIT_SECONDS", 45)
         self.delays = topology.retry_delays()
 

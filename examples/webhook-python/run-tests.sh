@@ -21,6 +21,9 @@ if [ ! -x "$bin" ]; then
 fi
 export IDEMPOTENCY_BIN="$bin"
 
+# The retention against the server's remember_for: docs/recipes.md's rule (check_settings.py).
+python3 "$repo/examples/check_settings.py" webhook-python "$bin"
+
 python=${PYTHON:-python3}
 if ! "$python" -c 'import venv, ensurepip' 2>/dev/null; then
   # Debian splits venv (and its pip) out of python3.

@@ -12,7 +12,7 @@
 //   WORKER                default <hostname>-<pid>
 //   CONCURRENCY           messages worked on at once (default 4)
 //   LEASE_MS              default 30000
-//   RETENTION_MS          default 604800000 (7 days)
+//   RETENTION_MS          default 259200000 (3 days; shorter than the server's remember_for, 7 days)
 //   HEARTBEAT             1 (default) or 0
 //   TOUCH_MESSAGE         1 (default): msg.working() with each heartbeat; 0: let ack_wait expire (to show redelivery)
 //   NAK_BACKOFF_MS        the nak delay per delivery, comma-separated, the last repeating
@@ -61,7 +61,7 @@ async function main(): Promise<void> {
     namespace: env("NAMESPACE", "orders-ledger"),
     worker: env("WORKER", `${hostname()}-${process.pid}`),
     leaseTtlMs: intEnv("LEASE_MS", 30_000),
-    retentionMs: intEnv("RETENTION_MS", 7 * 24 * 3600 * 1000),
+    retentionMs: intEnv("RETENTION_MS", 3 * 24 * 3600 * 1000),
     ackWaitMs: millis(info.config.ack_wait ?? 30_000_000_000),
     heartbeat: env("HEARTBEAT", "1") !== "0",
     touchMessage: env("TOUCH_MESSAGE", "1") !== "0",

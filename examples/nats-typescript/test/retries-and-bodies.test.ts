@@ -405,9 +405,9 @@ test("the defaults are docs/recipes.md's numbers, and agree with each other", ()
   assert.deepEqual([1, 2, 5, 6, 20].map((n) => nakDelayMs(n)), [1_000, 5_000, 300_000, 300_000, 300_000]);
   // The retry budget: about 83 minutes of failures before a message is parked.
   assert.equal(retryBudgetMs(DEFAULT_MAX_DELIVER), 4_956_000);
-  // main.js's defaults (lease 30 s, retention 7 days) pass the checks against them.
+  // main.js's defaults (lease 30 s, retention 3 days) pass the checks against them.
   const jetstream = { ackWaitMs: DEFAULT_ACK_WAIT_MS, maxDeliver: DEFAULT_MAX_DELIVER, duplicateWindowMs: 120_000, maxAgeMs: 0 };
-  assert.deepEqual(checkSettings(jetstream, { leaseTtlMs: 30_000, retentionMs: 7 * 24 * 3600_000 }), []);
-  assert.match(checkSettings({ ...jetstream, maxDeliver: -1 }, { leaseTtlMs: 30_000, retentionMs: 7 * 24 * 3600_000 }).join("\n"), /never parked/);
-  assert.match(checkSettings(jetstream, { leaseTtlMs: 60_000, retentionMs: 7 * 24 * 3600_000 }).join("\n"), /longer than ack_wait/);
+  assert.deepEqual(checkSettings(jetstream, { leaseTtlMs: 30_000, retentionMs: 3 * 24 * 3600_000 }), []);
+  assert.match(checkSettings({ ...jetstream, maxDeliver: -1 }, { leaseTtlMs: 30_000, retentionMs: 3 * 24 * 3600_000 }).join("\n"), /never parked/);
+  assert.match(checkSettings(jetstream, { leaseTtlMs: 60_000, retentionMs: 3 * 24 * 3600_000 }).join("\n"), /longer than ack_wait/);
 });
