@@ -10,7 +10,8 @@ README's configuration table), and checks:
 
   - the example's code default is the table's retention;
   - the table's remember_for is the server's default;
-  - window <= retention < remember_for.
+  - window <= retention < remember_for;
+  - the example pins late_retry on its Claims, as the table's late_retry says.
 
 Every example's run-tests.sh runs it for its example; it needs only Python 3.
 Exits 1 with one line per problem.
@@ -36,6 +37,16 @@ RETENTION_IN_CODE = {
     "rabbitmq-batch-python": ("consumer.py", r'env_float\("RETENTION_SECONDS",\s*([0-9* ]+)\)', 1),
     "rabbitmq-go": ("main.go", r'"retention",\s*([0-9*]+)\*time\.Hour', 3600),
     "nats-typescript": ("src/main.ts", r'intEnv\("RETENTION_MS",\s*([0-9*_ ]+)\)', 0.001),
+}
+
+#: Where each example pins late_retry on its Claims (regex whose group is the policy).
+LATE_RETRY_IN_CODE = {
+    "webhook-python": ("receiver.py", r'late_retry="(\w+)"'),
+    "http-api-python": ("app.py", r'late_retry="(\w+)"'),
+    "rabbitmq-python": ("consumer.py", r'late_retry="(\w+)"'),
+    "rabbitmq-batch-python": ("consumer.py", r'late_retry="(\w+)"'),
+    "rabbitmq-go": ("main.go", r'WithLateRetry\(idempotency\.LateRetry(\w+)\)'),
+    "nats-typescript": ("src/consumer.ts", r'lateRetry: "(\w+)"'),
 }
 
 UNITS = {"s": 1, "min": 60, "h": 3600, "hours": 3600, "day": 86400, "days": 86400}
@@ -111,6 +122,12 @@ def check(example: str, binary: str | None) -> list:
             problems.append(f"{example}: {path} defaults the retention to {in_code:g} s; "
                             f"docs/recipes.md says {row['retention']} ({retention:g} s)")
 
+    path, pattern = LATE_RETRY_IN_CODE[example]
+    pinned = [p.lower() for p in re.findall(pattern, (REPO / "examples" / example / path).read_text())]
+    if pinned != [row["late_retry"]]:
+        problems.append(f"{example}: {path} pins late_retry {pinned or 'nowhere'} on its Claims; "
+                        f"docs/recipes.md says {row['late_retry']} (pinned once, on every Claim)")
+
     server, where = server_remember_for(binary)
     if remember != server:
         problems.append(f"{example}: docs/recipes.md says remember_for {row['remember_for']}; "
@@ -132,7 +149,8 @@ def main() -> int:
     for problem in problems:
         print(f"check_settings: {problem}", file=sys.stderr)
     if not problems:
-        print(f"check_settings: {example}: window <= retention < remember_for, as docs/recipes.md says")
+        print(f"check_settings: {example}: window <= retention < remember_for, late_retry pinned, "
+              "as docs/recipes.md says")
     return 1 if problems else 0
 
 

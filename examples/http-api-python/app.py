@@ -450,8 +450,13 @@ def create_app(config: Optional[Config] = None) -> FastAPI:
 
         marker_token: Optional[int] = None
         try:
+            # late_retry pinned, not left to the namespace or the server: the
+            # marker guards the charge, so a late retry re-executed under the
+            # next token charges nothing and answers with the stored response.
+            # Refused (EXPIRED), once() would raise ResultExpired: a 503 for
+            # every retry of that key.
             async with client.once(namespace, key, fingerprint=fp, lease_ttl=cfg.lease, retention=cfg.retention,
-                                   on_in_progress="raise") as run:
+                                   on_in_progress="raise", late_retry="reexecute") as run:
                 if run.replayed:
                     stored = run.result
                 else:

@@ -310,9 +310,15 @@ class BatchConsumer:
         # batch is one lease: the first item wins it, the later ones are told
         # IN_PROGRESS (or FINGERPRINT_MISMATCH for another body).
         try:
+            # late_retry pinned, not left to the namespace or the server: the effect is
+            # guarded (fencing token and body), so a late copy (its result expired, the
+            # key remembered) is re-executed under the next token and rewrites its own
+            # rows: one effect, and the late retry is logged. A server or namespace set
+            # to refuse would otherwise answer EXPIRED, and the copy would be sent
+            # to the retry queues, then parked, instead of being acked.
             claims = await self.idem.claim_batch(
                 [ClaimItem(NAMESPACE, item.key, fingerprint=item.body_sha256, lease_ttl=self.lease,
-                           retention=self.retention) for item in items])
+                           retention=self.retention, late_retry="reexecute") for item in items])
         except IdempotencyError as error:
             log.warning("batch %d: ClaimBatch failed (%s); retrying all %d", batch, error, len(items))
             for item in items:

@@ -218,6 +218,13 @@ func (c *orderConsumer) handle(ctx context.Context, d amqp.Delivery) {
 		idempotency.WithFingerprint(fp),
 		idempotency.WithLeaseTTL(c.lease),
 		idempotency.WithRetention(c.retention),
+		// Pinned, not left to the namespace or the server: the ledger guards
+		// the effect (fencing token and body), so a late copy (its receipt
+		// expired, the order remembered) is re-executed under the next token
+		// and rewrites its own entry: one effect, the late retry logged.
+		// Refused, Once would return a *ResultExpired, and the copy would go
+		// round the retry queues to the parking queue instead of being acked.
+		idempotency.WithLateRetry(idempotency.LateRetryReexecute),
 		// A dead consumer's lease runs out within one lease: wait longer than that.
 		idempotency.WaitOnInProgress(c.wait),
 	)

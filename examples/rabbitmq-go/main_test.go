@@ -480,7 +480,11 @@ func serverStats(t *testing.T, server *idempotencytest.Server) string {
 // under the same order id, twice (the late retry's token 3, then the
 // released key's token 4), is parked both times, the entry untouched.
 func TestLateCopyWithinRememberForIsReexecuted(t *testing.T) {
-	server := idempotencytest.Start(t, "IDEMPOTENCY_REAPER_INTERVAL=1s")
+	// The server refuses late retries unless a Claim says otherwise: the
+	// consumer pins WithLateRetry(LateRetryReexecute), so its late copy is
+	// re-executed whatever the server's or the namespace's policy (issue 33,
+	// defect 6).
+	server := idempotencytest.Start(t, "IDEMPOTENCY_REAPER_INTERVAL=1s", "IDEMPOTENCY_LATE_RETRY=refuse")
 	client := server.Client(t)
 	dir := t.TempDir()
 	ledgerDir := filepath.Join(dir, "ledger")

@@ -315,6 +315,13 @@ class Consumer:
                 lease_ttl=self.lease,
                 retention=self.retention,
                 wait_timeout=self.wait,
+                # late_retry pinned, not left to the namespace or the server: the effect is
+                # guarded (fencing token and body), so a late copy (its result expired, the
+                # key remembered) is re-executed under the next token and rewrites its own
+                # rows: one effect, and the late retry is logged. A server or namespace set
+                # to refuse would otherwise answer EXPIRED, and the copy would go round the
+                # retry queues to the parking queue instead of being acked.
+                late_retry="reexecute",
             ) as run:
                 if not run.replayed:
                     self.kill.reached("after_claim", message_id)

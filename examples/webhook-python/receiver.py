@@ -429,6 +429,13 @@ def create_app(config: Optional[Config] = None) -> FastAPI:
                 lease_ttl=cfg.lease,
                 retention=cfg.retention,
                 on_in_progress="raise",
+                # Pinned, not left to the namespace or the server: the marker
+                # guards the effect, so a late delivery re-executed under the
+                # next token applies nothing and answers with the stored
+                # response. Refused (EXPIRED), once() would raise
+                # ResultExpired and the provider would get a 503, retry by
+                # retry, until it gave up.
+                late_retry="reexecute",
             ) as run:
                 if run.replayed:
                     stored = run.result

@@ -45,7 +45,11 @@ def server_binary() -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def idempotency_server(tmp_path_factory):
-    with ServerProcess.start(server_binary(), data_dir=tmp_path_factory.mktemp("idempotency-store")) as server:
+    # Refusing late retries unless a Claim says otherwise: the API pins
+    # late_retry="reexecute", so a late retry is re-executed whatever the
+    # server's or the namespace's policy (issue 33, defect 6).
+    with ServerProcess.start(server_binary(), data_dir=tmp_path_factory.mktemp("idempotency-store"),
+                             env={"IDEMPOTENCY_LATE_RETRY": "refuse"}) as server:
         yield server
 
 

@@ -300,6 +300,13 @@ export async function handleMessage(msg: JsMsg, ctx: HandlerContext): Promise<Re
         fingerprint: eventFp,
         leaseTtlMs: s.leaseTtlMs,
         retentionMs: s.retentionMs,
+        // Pinned, not left to the namespace or the server: the ledger guards
+        // the effect (fencing token and body), so a late copy (its receipt
+        // expired, the event remembered) is re-executed under the next token
+        // and rewrites its own row: one effect, reported as late_retry.
+        // Refused, once() would throw ResultExpired, and the copy would be
+        // nak'ed until max_deliver parked it.
+        lateRetry: "reexecute",
         onInProgress: "throw",
         heartbeat: s.heartbeat !== false,
         heartbeatIntervalMs: interval,

@@ -57,10 +57,16 @@ const streams: string[] = [];
 before(async () => {
   suffix = randomBytes(6).toString("hex");
   // The service on PostgreSQL, its reaper every 200 ms, remembering
-  // completed events as by default (7 days past their Complete).
+  // completed events as by default (7 days past their Complete), and
+  // refusing late retries unless a Claim says otherwise: the consumer pins
+  // lateRetry "reexecute", so a late copy is re-executed whatever the
+  // server's or the namespace's policy (issue 33, defect 6).
   serviceDb = `nats_example_${suffix}_service`;
   await adminQuery(`CREATE DATABASE ${serviceDb}`);
-  server = await startServer({ databaseUrl: `${POSTGRES}/${serviceDb}`, env: { IDEMPOTENCY_REAPER_INTERVAL: "200ms" } });
+  server = await startServer({
+    databaseUrl: `${POSTGRES}/${serviceDb}`,
+    env: { IDEMPOTENCY_REAPER_INTERVAL: "200ms", IDEMPOTENCY_LATE_RETRY: "refuse" },
+  });
   client = new IdempotencyClient(server.target);
   ledgerDb = `nats_example_${suffix}`;
   await adminQuery(`CREATE DATABASE ${ledgerDb}`);

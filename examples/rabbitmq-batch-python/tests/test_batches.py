@@ -328,7 +328,11 @@ def test_a_late_copy_after_the_receipt_expired(tmp_path, orders_db, queue_name, 
     second is parked. One order and one ledger entry each, either way."""
     data_dir = tmp_path / "service"
     data_dir.mkdir()
-    env = {"IDEMPOTENCY_REAPER_INTERVAL": "200ms"}
+    # A server refusing late retries unless a Claim says otherwise: the
+    # consumer pins late_retry="reexecute" on every ClaimBatch item, so its
+    # late copies are re-executed whatever the server's or the namespace's
+    # policy (issue 33, defect 6).
+    env = {"IDEMPOTENCY_REAPER_INTERVAL": "200ms", "IDEMPOTENCY_LATE_RETRY": "refuse"}
     if not remember:
         env["IDEMPOTENCY_REMEMBER_FOR"] = "0s"
     journal = tmp_path / "journal.jsonl"

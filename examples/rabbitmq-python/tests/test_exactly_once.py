@@ -90,10 +90,15 @@ def server(tmp_path):
 @pytest.fixture
 def reaping_server(tmp_path):
     """A server whose reaper runs every second (the default is every minute),
-    remembering completed keys as by default (7 days past their Complete)."""
+    remembering completed keys as by default (7 days past their Complete),
+    and refusing late retries unless a Claim says otherwise
+    (IDEMPOTENCY_LATE_RETRY=refuse): the consumer pins late_retry="reexecute",
+    so its late copies are re-executed whatever the server's or the
+    namespace's policy (issue 33, defect 6)."""
     data_dir = tmp_path / "service"
     data_dir.mkdir()
-    with ServerProcess.start(data_dir=data_dir, env={"IDEMPOTENCY_REAPER_INTERVAL": "1s"}) as server:
+    env = {"IDEMPOTENCY_REAPER_INTERVAL": "1s", "IDEMPOTENCY_LATE_RETRY": "refuse"}
+    with ServerProcess.start(data_dir=data_dir, env=env) as server:
         server.data_dir = data_dir
         yield server
 

@@ -33,10 +33,15 @@ RETENTION_SECONDS = 1
 @pytest.fixture
 def reaping_server(tmp_path):
     """A server whose reaper runs every 200 ms, on its own embedded store,
-    remembering completed events as by default (7 days past their Complete)."""
+    remembering completed events as by default (7 days past their Complete),
+    and refusing late retries unless a Claim says otherwise
+    (IDEMPOTENCY_LATE_RETRY=refuse): the receiver pins late_retry="reexecute",
+    so a late delivery is re-executed whatever the server's or the
+    namespace's policy (issue 33, defect 6)."""
     data_dir = tmp_path / "reaping-store"
     data_dir.mkdir()
-    with ServerProcess.start(server_binary(), data_dir=data_dir, env={"IDEMPOTENCY_REAPER_INTERVAL": "200ms"}) as server:
+    env = {"IDEMPOTENCY_REAPER_INTERVAL": "200ms", "IDEMPOTENCY_LATE_RETRY": "refuse"}
+    with ServerProcess.start(server_binary(), data_dir=data_dir, env=env) as server:
         server.data_dir = data_dir
         yield server
 
