@@ -114,6 +114,14 @@ SELECT o.order_id, o.amount_cents, o.body_sha256, o.fencing, l.entry_id
 
 RECORD_RUN = "INSERT INTO effect_runs (order_id, fencing, pid) VALUES ($1, $2, $3)"
 
+# The order rows of a batch's order ids, for the check before ClaimBatch.
+APPLIED_ORDERS = "SELECT order_id, amount_cents, body_sha256, fencing FROM orders WHERE order_id = ANY($1::text[])"
+
+
+def conflict_detail(row, order: dict) -> str:
+    return (f"order {row['order_id']} was applied with another body ({row['amount_cents']} cents, "
+            f"fencing token {row['fencing']}); this one ({order['amount_cents']} cents) is not applied")
+
 
 class LedgerConflict(Exception):
     """This order id was applied with another body: never overwritten, parked."""
@@ -142,10 +150,7 @@ async def apply_order(
                 if row is None:
                     raise RuntimeError(f"order {order_id}: the guard refused the write but there is no row")
                 if bytes(row["body_sha256"]) != body_sha256:
-                    raise LedgerConflict(
-                        f"order {order_id} was applied with another body ({row['amount_cents']} cents, "
-                        f"fencing token {row['fencing']}); this one ({order['amount_cents']} cents) is not applied"
-                    )
+                    raise LedgerConflict(conflict_detail(row, order))
                 receipt = {"order_id": order_id, "amount_cents": row["amount_cents"],
                            "ledger_entry": row["entry_id"], "fencing": row["fencing"]}
                 return receipt, False
@@ -306,6 +311,32 @@ class BatchConsumer:
         if not items:
             return
 
+        # Another body under an order id the ledger holds is parked BEFORE
+        # ClaimBatch. Claimed, it would be re-executed once the first body's
+        # result expired (or claimed as new past the key's horizon), refused
+        # by the guard (LedgerConflict) and released, leaving the key holding
+        # ITS fingerprint: later copies of the applied body would be told
+        # FINGERPRINT_MISMATCH and parked instead of acked.
+        try:
+            async with self.pool.acquire() as conn:
+                applied = {r["order_id"]: r for r in await conn.fetch(
+                    APPLIED_ORDERS, sorted({item.order["order_id"] for item in items}))}
+        except Exception as error:  # the database is unreachable: retry them all
+            log.warning("batch %d: reading the ledger failed (%s); retrying all %d", batch, error, len(items))
+            for item in items:
+                await self.retry(item, type(error).__name__, str(error))
+            return
+        kept = []
+        for item in items:
+            row = applied.get(item.order["order_id"])
+            if row is not None and bytes(row["body_sha256"]) != item.body_sha256:
+                await self.park(item, "conflicts_with_applied_order", conflict_detail(row, item.order))
+            else:
+                kept.append(item)
+        items = kept
+        if not items:
+            return
+
         # ClaimBatch: one answer per item, in order. The same key twice in the
         # batch is one lease: the first item wins it, the later ones are told
         # IN_PROGRESS (or FINGERPRINT_MISMATCH for another body).
@@ -334,8 +365,19 @@ class BatchConsumer:
             elif claim.outcome is Outcome.COMPLETED:
                 await self.ack(item, json.loads(claim.response), replayed=True)
             elif claim.outcome is Outcome.FINGERPRINT_MISMATCH:
-                await self.park(item, "fingerprint_mismatch",
-                                "the idempotency service holds another body's fingerprint for this message id")
+                # If the ledger holds THIS body, the item is a copy of the
+                # applied order whose record was since claimed with another
+                # body (a conflicting copy that raced the check above, or one
+                # handled by an earlier version of this consumer): acked as a
+                # duplicate, with the rows as its receipt. Else: parked.
+                row = await self.current_rows(item)
+                if row is not None and bytes(row["body_sha256"]) == item.body_sha256:
+                    await self.ack(item, {"order_id": row["order_id"], "amount_cents": row["amount_cents"],
+                                          "ledger_entry": row["entry_id"], "fencing": row["fencing"]},
+                                   replayed=True, duplicate_of_ledger=True)
+                else:
+                    await self.park(item, "fingerprint_mismatch",
+                                    "the idempotency service holds another body's fingerprint for this message id")
             elif earlier is not item and earlier.claim.outcome is Outcome.CLAIMED \
                     and earlier.body_sha256 == item.body_sha256:
                 # A duplicate inside this batch: it ends as its first copy does.
@@ -417,6 +459,15 @@ class BatchConsumer:
                 except IdempotencyError as error:  # unreachable for now: try again next round
                     log.warning("order %s: ExtendLease failed (%s)", item.message_id, error)
 
+    async def current_rows(self, item: Item):
+        """The item's order and ledger entry as they stand (None: not applied, or unreadable)."""
+        try:
+            async with self.pool.acquire() as conn:
+                return await conn.fetchrow(CURRENT_ORDER, item.order["order_id"])
+        except Exception as error:
+            log.warning("order %s: reading the ledger failed (%s)", item.message_id, error)
+            return None
+
     async def release(self, item: Item) -> None:
         try:
             await self.idem.release(NAMESPACE, item.key, item.claim.lease_token)
@@ -424,7 +475,7 @@ class BatchConsumer:
             log.warning("order %s: Release failed (%s)", item.message_id, error)
 
     # -- how an item ends: ack, retry, park; a duplicate in the batch follows --
-    async def ack(self, item: Item, receipt: dict, *, replayed: bool) -> None:
+    async def ack(self, item: Item, receipt: dict, *, replayed: bool, duplicate_of_ledger: bool = False) -> None:
         try:
             await item.message.ack()
         except Exception as error:  # the channel closed: it is redelivered, and replays
@@ -434,7 +485,9 @@ class BatchConsumer:
         # A late retry: the key completed before (completed_at) and its
         # receipt expired; the service re-executed it under the next token.
         late = None if replayed else item.claim.completed_at
-        if replayed:
+        if duplicate_of_ledger:
+            how = "a copy of the order the ledger holds (the service holds another body's fingerprint for it)"
+        elif replayed:
             how = "replayed the stored receipt"
         elif late is not None:
             how = (f"a late retry (completed before at {late.isoformat()}, its result expired): re-executed "
@@ -448,6 +501,7 @@ class BatchConsumer:
         self.journal.write(event="ack", message_id=item.message_id, copy=item.copy, replayed=replayed,
                            wrote=item.wrote and not replayed, in_batch_duplicate=item.leader is not None,
                            late_retry=late.isoformat() if late is not None else None,
+                           duplicate_of_ledger=duplicate_of_ledger,
                            receipt=receipt, batch=self.batches, pid=os.getpid())
         for follower in item.followers:
             await self.ack(follower, receipt, replayed=True)

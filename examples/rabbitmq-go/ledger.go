@@ -71,8 +71,7 @@ func (l *Ledger) Apply(order Order, bodySHA256 []byte, fencingToken uint64) (ent
 	fp := hex.EncodeToString(bodySHA256)
 	if existing, err := l.read(path); err == nil {
 		if existing.BodySHA256 != fp {
-			return Entry{}, false, fmt.Errorf("%w (order %s: %d cents under token %d; this body: %d cents)",
-				ErrConflict, order.ID, existing.AmountCents, existing.FencingToken, order.AmountCents)
+			return Entry{}, false, conflict(existing, order)
 		}
 		if existing.FencingToken >= fencingToken {
 			return existing, false, nil
@@ -98,6 +97,21 @@ func (l *Ledger) Apply(order Order, bodySHA256 []byte, fencingToken uint64) (ent
 		return Entry{}, false, err
 	}
 	return entry, true, nil
+}
+
+// Lookup is the order's entry, and whether there is one.
+func (l *Ledger) Lookup(orderID string) (Entry, bool, error) {
+	entry, err := l.read(l.path(orderID))
+	if errors.Is(err, os.ErrNotExist) {
+		return Entry{}, false, nil
+	}
+	return entry, err == nil, err
+}
+
+// conflict is ErrConflict with what the ledger holds and what this body says.
+func conflict(existing Entry, order Order) error {
+	return fmt.Errorf("%w (order %s: %d cents under token %d; this body: %d cents)",
+		ErrConflict, order.ID, existing.AmountCents, existing.FencingToken, order.AmountCents)
 }
 
 // Entries is every order's entry.

@@ -34,6 +34,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -194,6 +195,24 @@ func (c *orderConsumer) handle(ctx context.Context, d amqp.Delivery) {
 	key := idempotency.MustDeriveKey("examples/rabbitmq-go", "order", order.ID)
 	fp := idempotency.MustFingerprint(d.Body)
 
+	// Another body under an order id the ledger holds is parked BEFORE any
+	// Claim. Claimed, it would be re-executed once the first body's receipt
+	// expired (or claimed as new past the order's horizon), refused by the
+	// ledger (ErrConflict), and Once would release the key holding ITS
+	// fingerprint: every later copy of the applied body would then be told
+	// FingerprintMismatch and parked instead of acked.
+	existing, applied, err := c.ledger.Lookup(order.ID)
+	if err != nil {
+		c.retry(ctx, d, order.ID, err)
+		return
+	}
+	if applied && existing.BodySHA256 != hex.EncodeToString(fp) {
+		err := conflict(existing, order)
+		log.Printf("park order=%s reason=conflicts_with_applied_order: %v", order.ID, err)
+		c.park(d, order.ID, "conflicts_with_applied_order", err.Error())
+		return
+	}
+
 	wrote := false
 	entry, result, err := idempotency.OnceJSON(ctx, c.client, c.namespace, key,
 		func(work context.Context, l idempotency.Lease) (Entry, error) {
@@ -238,6 +257,17 @@ func (c *orderConsumer) handle(ctx context.Context, d amqp.Delivery) {
 			return
 		}
 		log.Printf("done order=%s replayed=%t wrote=%t token=%d", order.ID, result.Replayed, wrote && !result.Replayed, entry.FencingToken)
+	case errors.As(err, &mismatch) && c.isApplied(order.ID, fp):
+		// The service holds another body's fingerprint, but the ledger holds
+		// THIS body: a copy of the applied order whose record was since
+		// claimed with another body (a conflicting copy that raced the check
+		// above, or one handled by an earlier version of this consumer). A
+		// duplicate: acked.
+		if ackErr := d.Ack(false); ackErr != nil {
+			log.Printf("ack order=%s: %v", order.ID, ackErr)
+			return
+		}
+		log.Printf("done order=%s duplicate of the ledger's entry (the service holds another body's fingerprint)", order.ID)
 	case errors.As(err, &mismatch):
 		// Same order id, another body, while the first one's record lives:
 		// not a duplicate; park it for a human.
@@ -255,6 +285,12 @@ func (c *orderConsumer) handle(ctx context.Context, d amqp.Delivery) {
 		// released the key), the service unavailable: try again after a backoff.
 		c.retry(ctx, d, order.ID, err)
 	}
+}
+
+// isApplied: the ledger holds the order with this body.
+func (c *orderConsumer) isApplied(orderID string, fp []byte) bool {
+	entry, ok, err := c.ledger.Lookup(orderID)
+	return err == nil && ok && entry.BodySHA256 == hex.EncodeToString(fp)
 }
 
 // retry sends the delivery to the retry queue of its next backoff step, or

@@ -477,8 +477,10 @@ func serverStats(t *testing.T, server *idempotencytest.Server) string {
 // re-executed: claimed under the NEXT fencing token, with the time the order
 // completed before. The same body rewrites the same entry under token 2 (one
 // entry, the same amount) and the consumer logs the late retry; another body
-// under the same order id, twice (the late retry's token 3, then the
-// released key's token 4), is parked both times, the entry untouched.
+// under the same order id, twice, is parked both times before any Claim (the
+// ledger holds the order with another body), the entry untouched; then the
+// first body again is re-executed under token 3 and acked (issue 33, defect
+// 9: it was parked as fingerprint_mismatch).
 func TestLateCopyWithinRememberForIsReexecuted(t *testing.T) {
 	// The server refuses late retries unless a Claim says otherwise: the
 	// consumer pins WithLateRetry(LateRetryReexecute), so its late copy is
@@ -553,11 +555,27 @@ func TestLateCopyWithinRememberForIsReexecuted(t *testing.T) {
 	if got := strings.Join(appliedLog(t, ledgerDir)["o-late"], " "); got != "1 2" {
 		t.Errorf("the effect of o-late was written under tokens [%s], want [1 2]", got)
 	}
-	if got := matching(run, `start order=o-late `); len(got) != 4 || !strings.Contains(got[2], "token=3") || !strings.Contains(got[3], "token=4") {
-		t.Errorf("the Claims of o-late: %q, want tokens 1 to 4", got)
+	want.FencingToken = 3 // (c) below rewrites it under token 3
+	// Parked before any Claim: the order stays remembered under token 2,
+	// with the first body's fingerprint.
+	if got := matching(run, `start order=o-late `); len(got) != 2 {
+		t.Errorf("the Claims of o-late: %q, want tokens 1 and 2 only", got)
 	}
-	if record := get(); record.State != idempotency.StateReleased || record.FencingToken != 4 {
-		t.Errorf("record after the other bodies: %s token %d, want RELEASED under token 4", record.State, record.FencingToken)
+	if record := get(); !record.Remembered() || record.FencingToken != 2 || hex.EncodeToString(record.Fingerprint) != sha(first) {
+		t.Errorf("record after the other bodies: %s token %d, want remembered under token 2 with the first body's fingerprint", record.State, record.FencingToken)
+	}
+
+	// (c) Issue 33, defect 9: the first body again, after the conflicts: a
+	// duplicate, re-executed under token 3 and acked. It was parked as
+	// fingerprint_mismatch: the other bodies had been Claimed, refused by
+	// the ledger and released, leaving the key holding their fingerprint.
+	b.publish(t, queue, amqp.Publishing{Body: first})
+	waitFor(t, "the copy of the applied body acked", 30*time.Second, run, func() bool {
+		return contains(run, `done order=o-late replayed=false wrote=true token=3$`)() ||
+			len(matching(run, `park order=o-late reason=fingerprint_mismatch`)) > 0
+	})
+	if got := matching(run, `park order=o-late reason=fingerprint_mismatch`); len(got) != 0 {
+		t.Fatalf("the copy of the applied body was parked: %q", got)
 	}
 	parked := b.drain(t, ParkingQueue(queue))
 	if len(parked) != 2 {
@@ -574,6 +592,9 @@ func TestLateCopyWithinRememberForIsReexecuted(t *testing.T) {
 			t.Errorf("%s holds %d messages, want 0", name, n)
 		}
 	}
+	if entries, err := ledger.Entries(); err != nil || len(entries) != 1 || entries["o-late"] != want {
+		t.Errorf("ledger after (c): %+v (%v), want only %+v", entries, err, want)
+	}
 }
 
 // Issue 26, defect 1, and issue 24 past the horizon. An order completes with
@@ -583,8 +604,8 @@ func TestLateCopyWithinRememberForIsReexecuted(t *testing.T) {
 // is empty), so the next Claim of the key starts again at fencing token 1,
 // the token the ledger entry already has. The same body again completes
 // with the entry as its receipt, nothing written; another body under the
-// same order id, twice (the second Claim gets token 2), is parked both
-// times, the amount untouched.
+// same order id, twice, is parked both times before any Claim, the amount
+// untouched.
 func TestLateCopyAfterTheServiceForgotTheOrder(t *testing.T) {
 	server := idempotencytest.Start(t, "IDEMPOTENCY_REAPER_INTERVAL=1s", "IDEMPOTENCY_REMEMBER_FOR=0s")
 	client := server.Client(t)

@@ -122,6 +122,27 @@ SELECT o.order_id, o.amount_cents, o.body_sha256, o.fencing, l.entry_id
 RECORD_RUN = "INSERT INTO effect_runs (order_id, fencing, pid) VALUES ($1, $2, $3)"
 
 
+# The order row alone, for the check before the Claim.
+APPLIED_ORDER = "SELECT order_id, amount_cents, body_sha256, fencing FROM orders WHERE order_id = $1"
+
+
+async def applied_rows(pool: asyncpg.Pool, order_id: str, sql: str = CURRENT_ORDER):
+    """The order as the ledger holds it (None: not applied)."""
+    async with pool.acquire() as conn:
+        return await conn.fetchrow(sql, order_id)
+
+
+def receipt_of(row) -> dict:
+    """The receipt of the rows as they stand: what a Complete stores for them."""
+    return {"order_id": row["order_id"], "amount_cents": row["amount_cents"], "ledger_entry": row["entry_id"],
+            "fencing": row["fencing"]}
+
+
+def conflict_detail(row, order: dict) -> str:
+    return (f"order {row['order_id']} was applied with another body ({row['amount_cents']} cents, "
+            f"fencing token {row['fencing']}); this one ({order['amount_cents']} cents) is not applied")
+
+
 class StaleLease(Exception):
     """The guard refused our write but the rows could not be read back (a bug)."""
 
@@ -198,18 +219,9 @@ async def apply_order(
                 row = await conn.fetchrow(CURRENT_ORDER, order_id)
                 if row is None:
                     raise StaleLease(f"order {order_id}: the guard refused the write but there is no row")
-                receipt = {
-                    "order_id": order_id,
-                    "amount_cents": row["amount_cents"],
-                    "ledger_entry": row["entry_id"],
-                    "fencing": row["fencing"],
-                }
                 if bytes(row["body_sha256"]) != body_sha256:
-                    raise LedgerConflict(
-                        f"order {order_id} was applied with another body ({row['amount_cents']} cents, "
-                        f"fencing token {row['fencing']}); this one ({order['amount_cents']} cents) is not applied"
-                    )
-                return receipt, False
+                    raise LedgerConflict(conflict_detail(row, order))
+                return receipt_of(row), False
             entry_id = await conn.fetchval(UPSERT_LEDGER, order_id, order["amount_cents"], fencing)
             if entry_id is None:
                 raise StaleLease(f"ledger of {order_id}: a newer lease than {fencing} wrote it")
@@ -307,6 +319,24 @@ class Consumer:
         key = derive_key("orders", message_id)
         body_sha256 = fingerprint(message.body)  # SHA-256 of the body, as the Claim carries it
         wrote = []
+        # Another body under an order id the ledger holds is parked BEFORE any
+        # Claim. Claimed, it would be re-executed once the first body's result
+        # expired (or, past the key's horizon, claimed as new), refused by the
+        # guard (LedgerConflict), and once() would release the key holding
+        # ITS fingerprint: every later copy of the applied body would then be
+        # told FINGERPRINT_MISMATCH and parked instead of acked.
+        try:
+            row = await applied_rows(self.pool, order["order_id"], APPLIED_ORDER)
+        except Exception as error:  # the database is unreachable: as any failure, retry later
+            log.warning("message %s: reading the ledger: %s: %s; retrying later", message_id,
+                        type(error).__name__, error)
+            await self.retry(message, message_id, copy, type(error).__name__, str(error))
+            return
+        if row is not None and bytes(row["body_sha256"]) != body_sha256:
+            detail = conflict_detail(row, order)
+            log.error("message %s: %s; parking it", message_id, detail)
+            await self.park(message, message_id, copy, "conflicts_with_applied_order", detail)
+            return
         try:
             async with self.idem.once(
                 NAMESPACE,
@@ -329,8 +359,21 @@ class Consumer:
             if not run.replayed:
                 self.kill.reached("after_complete", message_id)
         except FingerprintMismatch:
-            # The same message id with another body, while the first one's
-            # record lives: never processable. Parked, not dropped.
+            # The service holds another body's fingerprint for this id. If the
+            # ledger holds THIS body, this is a copy of the applied order (the
+            # record was claimed with another body since: a conflicting copy
+            # that raced the check above, or one handled by an earlier version
+            # of this consumer): a duplicate, acked with the rows as receipt.
+            try:
+                row = await applied_rows(self.pool, order["order_id"])
+            except Exception as error:
+                await self.retry(message, message_id, copy, type(error).__name__, str(error))
+                return
+            if row is not None and bytes(row["body_sha256"]) == body_sha256:
+                await self.ack_duplicate(message, message_id, copy, receipt_of(row))
+                return
+            # Otherwise the same message id with another body, while the
+            # first one's record lives: never processable. Parked, not dropped.
             log.error("message %s: another body was processed under this id; parking it", message_id)
             await self.park(message, message_id, copy, "fingerprint_mismatch",
                             "the idempotency service holds another body's fingerprint for this message id")
@@ -386,6 +429,21 @@ class Consumer:
             receipt=receipt,
             pid=os.getpid(),
         )
+
+    async def ack_duplicate(self, message, message_id: str, copy, receipt: dict) -> None:
+        """A copy of an order the ledger holds with this very body, which the
+        service cannot replay (its record holds another body's fingerprint):
+        acked as the duplicate it is, with the rows as its receipt."""
+        try:
+            await message.ack()
+        except Exception as error:
+            log.warning("message %s: ack failed (%s); the redelivery will be handled again", message_id, error)
+            return
+        log.info("message %s: a copy of the order the ledger holds (the service holds another body's fingerprint "
+                 "for it); acked as a duplicate", message_id)
+        self.journal.write(event="ack", message_id=message_id, copy=copy, replayed=True, wrote=False,
+                           late_retry=None, redelivered=message.redelivered, receipt=receipt, pid=os.getpid(),
+                           duplicate_of_ledger=True)
 
     async def effect(self, order: dict, message_id: str, body_sha256: bytes, fencing: int, wrote: list) -> dict:
         receipt, applied = await apply_order(self.pool, order, message_id, body_sha256, fencing)

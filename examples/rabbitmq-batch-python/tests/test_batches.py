@@ -319,13 +319,16 @@ def test_a_late_copy_after_the_receipt_expired(tmp_path, orders_db, queue_name, 
     """Two orders complete with a 1 s retention; then, in one batch, a late
     copy of the first (the same body) and another body under the second.
     remembered (the server's default: a key is remembered 7 days past its
-    Complete): ClaimBatch re-executes both under token 2, with completed_at;
-    the first rewrites its rows with the same values (logged as a late
-    retry), the second is refused by the guard and parked.
+    Complete): ClaimBatch re-executes the first under token 2, with
+    completed_at, and it rewrites its rows with the same values (logged as a
+    late retry); the second is parked before ClaimBatch, the ledger holding
+    another body under its order id.
     forgotten (IDEMPOTENCY_REMEMBER_FOR=0s, as any server past a key's
-    horizon; the reaper deletes the records): both Claim token 1 again; the
-    first writes nothing and completes with the rows as its receipt, the
-    second is parked. One order and one ledger entry each, either way."""
+    horizon; the reaper deletes the records): the first Claims token 1
+    again, writes nothing and completes with the rows as its receipt; the
+    second is parked. Then a copy of the second order's applied body: acked
+    as the first copy was (issue 33, defect 9: it was parked as
+    fingerprint_mismatch). One order and one ledger entry each, either way."""
     data_dir = tmp_path / "service"
     data_dir.mkdir()
     # A server refusing late retries unless a Claim says otherwise: the
@@ -366,11 +369,19 @@ def test_a_late_copy_after_the_receipt_expired(tmp_path, orders_db, queue_name, 
                                  ("ord-late-2", "late", order_body("ord-late-2", 999))])
             wait_for(lambda: settled(journal)[("ord-late-1", "late")] and settled(journal)[("ord-late-2", "late")],
                      30, "the late copies")
+            records = {"ord-late-1": client.get(NAMESPACE, keys["ord-late-1"])}  # before its 1 s retention ends
+            # Issue 33, defect 9: a copy of ord-late-2's applied body after the
+            # conflict is a duplicate, acked. It was parked as
+            # fingerprint_mismatch: the other body had been Claimed, refused by
+            # the guard and released, leaving the key holding its fingerprint.
+            publish(queue_name, [("ord-late-2", "again", order_body("ord-late-2", 700))])
+            wait_for(lambda: settled(journal)[("ord-late-2", "again")], 30, "the copy of the applied body")
+            records["ord-late-2"] = client.get(NAMESPACE, keys["ord-late-2"])
         finally:
             assert run.stop() == 0, run.log()
         token = 2 if remember else 1
-        records = {oid: client.get(NAMESPACE, key) for oid, key in keys.items()}
     late = {e["message_id"]: e for e in read_journal(journal) if e["copy"] == "late"}
+    [again] = [e for e in read_journal(journal) if e["copy"] == "again"]
     ack, park = late["ord-late-1"], late["ord-late-2"]
     assert (ack["event"], ack["replayed"], ack["wrote"], ack["receipt"]["fencing"]) == ("ack", False, remember, token)
     assert ack["late_retry"] == (markers["ord-late-1"].completed_at.isoformat() if remember else None)
@@ -378,11 +389,17 @@ def test_a_late_copy_after_the_receipt_expired(tmp_path, orders_db, queue_name, 
     assert (park["event"], park["reason"]) == ("park", "conflicts_with_applied_order")
     after = rows(orders_db)
     assert after["ord-late-1"] == {**before["ord-late-1"], "fencing": token, "ledger_fencing": token}
-    assert after["ord-late-2"] == before["ord-late-2"]
-    assert effect_runs(orders_db) == {"ord-late-1": [1, 2] if remember else [1], "ord-late-2": [1]}
+    assert after["ord-late-2"] == {**before["ord-late-2"], "fencing": token, "ledger_fencing": token}
+    assert (again["event"], again["replayed"], again["wrote"], again["receipt"]) == (
+        "ack", False, remember, {"order_id": "ord-late-2", "amount_cents": 700,
+                                 "ledger_entry": before["ord-late-2"]["entry_id"], "fencing": token})
+    runs = [1, 2] if remember else [1]
+    assert effect_runs(orders_db) == {"ord-late-1": runs, "ord-late-2": runs}
     assert (records["ord-late-1"].state, records["ord-late-1"].fencing_token) == (State.COMPLETED, token)
     assert json.loads(records["ord-late-1"].response) == ack["receipt"]
-    assert (records["ord-late-2"].state, records["ord-late-2"].fencing_token) == (State.RELEASED, token)
+    # The other body was parked before any Claim; the copy of the applied one completed.
+    assert (records["ord-late-2"].state, records["ord-late-2"].fencing_token) == (State.COMPLETED, token)
+    assert json.loads(records["ord-late-2"].response) == again["receipt"]
     [(message_id, headers, body)] = parked(queue_name)
     assert (message_id, headers["x-test-copy"], json.loads(body)["amount_cents"]) == ("ord-late-2", "late", 999)
     if remember:

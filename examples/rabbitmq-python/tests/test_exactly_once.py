@@ -48,7 +48,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from idempotency_client import IdempotencyClient, State, derive_key
+from idempotency_client import IdempotencyClient, State, derive_key, fingerprint
 from idempotency_client.testing import ServerProcess
 
 HERE = pathlib.Path(__file__).resolve().parents[1]
@@ -564,10 +564,19 @@ def test_late_copy_within_remember_for_is_re_executed_under_the_next_token(
         token 2 (one order, one ledger entry, the same amount and entry), and
         Complete stores that receipt; the consumer logs the late retry.
     (b) Another body under the same order id, once the result expired again,
-        twice: the first copy is re-executed under token 3, the second Claims
-        the released key under token 4; the guard refuses both (another
-        body), both are parked as conflicts_with_applied_order, and the rows
-        stay as (a) left them."""
+        twice: the ledger holds the order with another body, so both are
+        parked as conflicts_with_applied_order before any Claim; the key stays
+        remembered under token 2 with the first body's fingerprint, and the
+        rows stay as (a) left them.
+    (c) Issue 33, defect 9: a copy of the first body after those conflicts is
+        a duplicate, acked (re-executed under token 3, rewriting the same
+        rows). It was parked as fingerprint_mismatch: the conflicting copies
+        were Claimed, refused by the guard, and released, leaving the key
+        holding their fingerprint.
+    (d) The same when the service does hold another body's fingerprint (a
+        conflicting copy Claimed and released elsewhere: the test does it):
+        the copy of the applied body is told FINGERPRINT_MISMATCH, finds its
+        own body in the ledger, and is acked as a duplicate, not parked."""
     server = reaping_server
     journal = tmp_path / "journal.jsonl"
     key = derive_key("orders", "ord-late")
@@ -608,24 +617,51 @@ def test_late_copy_within_remember_for_is_re_executed_under_the_next_token(
                              ("ord-late", "other-2", order_body("ord-late", 999))])
         wait_for(lambda: events("park", "other-1") and events("park", "other-2"), 30,
                  "both copies with another body to be parked")
+        with IdempotencyClient(server.target) as client:
+            record = client.get(consumer_module.NAMESPACE, key)
+        # No Claim for them: still remembered under token 2, the first body's fingerprint.
+        assert (record.state, record.fencing_token, record.fingerprint) == (
+            State.ABSENT, 2, fingerprint(order_body("ord-late", 500)))
+
+        # (c) the first body again, after the conflicts
+        publish(queue_name, [("ord-late", "same-again", order_body("ord-late", 500))])
+        wait_for(lambda: events("ack", "same-again") or events("park", "same-again"), 30,
+                 "the copy of the applied body to be settled")
+        assert not events("park", "same-again"), events("park", "same-again")
+        [again] = events("ack", "same-again")
+        assert (again["replayed"], again["wrote"], again["receipt"]) == (False, True, {**first["receipt"], "fencing": 3})
+        wait_for(lambda: remembered(server, key, 3), 30, "the result to expire again")
+
+        # (d) the service holds another body's fingerprint (Claimed and released elsewhere)
+        with IdempotencyClient(server.target) as client:
+            other = client.claim(consumer_module.NAMESPACE, key, fingerprint=fingerprint(order_body("ord-late", 999)),
+                                 lease_ttl=30, late_retry="reexecute")
+            assert (other.claimed, other.fencing_token) == (True, 4)
+            client.release(consumer_module.NAMESPACE, key, other.lease_token)
+        publish(queue_name, [("ord-late", "same-released", order_body("ord-late", 500))])
+        wait_for(lambda: events("ack", "same-released") or events("park", "same-released"), 30,
+                 "the copy of the applied body to be settled")
+        assert not events("park", "same-released"), events("park", "same-released")
+        [dup] = events("ack", "same-released")
+        assert (dup["replayed"], dup["wrote"], dup["duplicate_of_ledger"]) == (True, False, True)
+        assert dup["receipt"] == {**first["receipt"], "fencing": 3}
     finally:
         assert run.stop() == 0, run.log()
-    assert order_rows(orders_db) == [after]
-    assert effect_runs(orders_db) == [1, 2]
+    [after] = order_rows(orders_db)
+    assert (after["amount_cents"], after["ledger_amount"], after["entry_id"], after["fencing"]) == (
+        500, 500, before["entry_id"], 3)
+    assert effect_runs(orders_db) == [1, 2, 3]
     entries = read_journal(journal)
     assert [(e["event"], e["copy"], e.get("reason")) for e in entries[:2]] == [("ack", "first", None), ("ack", "same", None)]
-    assert sorted((e["event"], e["copy"], e.get("reason")) for e in entries[2:]) == [
+    assert sorted((e["event"], e["copy"], e.get("reason")) for e in entries[2:4]) == [
         ("park", "other-1", "conflicts_with_applied_order"), ("park", "other-2", "conflicts_with_applied_order")]
+    assert [(e["event"], e["copy"]) for e in entries[4:]] == [("ack", "same-again"), ("ack", "same-released")]
     dlq = parked(queue_name)
     assert sorted((m, h["x-test-copy"], h[topology.PARKED_REASON], json.loads(b)["amount_cents"]) for m, h, b in dlq) == [
         ("ord-late", "other-1", "conflicts_with_applied_order", 999),
         ("ord-late", "other-2", "conflicts_with_applied_order", 999)]
     assert all("500 cents, fencing token 2" in h[topology.PARKED_DETAIL] for _, h, _ in dlq)
     assert retry_and_main_depths(queue_name) == {q: 0 for q in retry_and_main_depths(queue_name)}
-    with IdempotencyClient(server.target) as client:
-        record = client.get(consumer_module.NAMESPACE, key)
-    # Both other-body Claims went through (3: the late retry; 4: the released key), both released.
-    assert (record.state, record.fencing_token) == (State.RELEASED, 4)
     log = run.log()
     assert (f"message ord-late: a late retry (completed before at {marker.completed_at.isoformat()}, its result "
             "expired): re-executed under fencing token 2, rewrote the same rows, acked") in log
@@ -638,10 +674,10 @@ def test_late_copy_after_the_service_forgot_the_key(tmp_path, forgetting_server,
     starts again at fencing token 1, the token the rows already carry.
     (a) The same body again: completed with the receipt the ledger holds (the
         one the first copy stored), acked; nothing written twice.
-    (b) Another body under the same order id, after the next reaping, twice
-        (the second copy's Claim gets token 2, newer than the rows'): both
-        parked in <queue>.dlq as conflicts_with_applied_order; the amount is
-        never overwritten."""
+    (b) Another body under the same order id, after the next reaping, twice:
+        the ledger holds the order with another body, so both are parked in
+        <queue>.dlq as conflicts_with_applied_order before any Claim; the
+        amount is never overwritten."""
     server = forgetting_server
     journal = tmp_path / "journal.jsonl"
     key = derive_key("orders", "ord-late")
