@@ -11,7 +11,8 @@ README's configuration table), and checks:
   - the example's code default is the table's retention;
   - the table's remember_for is the server's default;
   - window <= retention < remember_for;
-  - the example pins late_retry on its Claims, as the table's late_retry says.
+  - the example pins late_retry on its Claims, as the table's late_retry says;
+  - the example waits on IN_PROGRESS as long as the table's wait says (or not).
 
 Every example's run-tests.sh runs it for its example; it needs only Python 3.
 Exits 1 with one line per problem.
@@ -47,6 +48,18 @@ LATE_RETRY_IN_CODE = {
     "rabbitmq-batch-python": ("consumer.py", r'late_retry="(\w+)"'),
     "rabbitmq-go": ("main.go", r'WithLateRetry\(idempotency\.LateRetry(\w+)\)'),
     "nats-typescript": ("src/consumer.ts", r'lateRetry: "(\w+)"'),
+}
+
+#: How each example answers IN_PROGRESS: ("wait", file, regex whose group is
+#: the default wait, unit in seconds) or ("no", file, a regex that must match:
+#: the call that does not wait).
+WAIT_IN_CODE = {
+    "webhook-python": ("no", "receiver.py", r'on_in_progress="raise"'),
+    "http-api-python": ("no", "app.py", r'on_in_progress="raise"'),
+    "rabbitmq-python": ("wait", "consumer.py", r'env_float\("WAIT_SECONDS",\s*([0-9.]+)\)', 1),
+    "rabbitmq-go": ("wait", "main.go", r'"wait",\s*([0-9]+)\*time\.Second', 1),
+    "rabbitmq-batch-python": ("no", "consumer.py", r'claim_batch\('),
+    "nats-typescript": ("no", "src/consumer.ts", r'onInProgress: "throw"'),
 }
 
 UNITS = {"s": 1, "min": 60, "h": 3600, "hours": 3600, "day": 86400, "days": 86400}
@@ -128,6 +141,19 @@ def check(example: str, binary: str | None) -> list:
         problems.append(f"{example}: {path} pins late_retry {pinned or 'nowhere'} on its Claims; "
                         f"docs/recipes.md says {row['late_retry']} (pinned once, on every Claim)")
 
+    kind, path, pattern, *unit = WAIT_IN_CODE[example]
+    source = (REPO / "examples" / example / path).read_text()
+    if kind == "no":
+        if row["wait"] != "no" or not re.search(pattern, source):
+            problems.append(f"{example}: docs/recipes.md says wait {row['wait']}; {path} "
+                            + ("does not wait" if re.search(pattern, source) else f"has no {pattern}"))
+    else:
+        found = re.findall(pattern, source)
+        waits = float(found[0]) * unit[0] if len(found) == 1 else None
+        if row["wait"] == "no" or waits != duration(row["wait"]):
+            problems.append(f"{example}: docs/recipes.md says wait {row['wait']}; {path} waits "
+                            f"{'?' if waits is None else f'{waits:g} s'} on IN_PROGRESS")
+
     server, where = server_remember_for(binary)
     if remember != server:
         problems.append(f"{example}: docs/recipes.md says remember_for {row['remember_for']}; "
@@ -149,7 +175,7 @@ def main() -> int:
     for problem in problems:
         print(f"check_settings: {problem}", file=sys.stderr)
     if not problems:
-        print(f"check_settings: {example}: window <= retention < remember_for, late_retry pinned, "
+        print(f"check_settings: {example}: window <= retention < remember_for, late_retry pinned, wait, "
               "as docs/recipes.md says")
     return 1 if problems else 0
 
