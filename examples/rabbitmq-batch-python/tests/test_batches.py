@@ -410,14 +410,18 @@ def test_a_late_copy_after_the_receipt_expired(tmp_path, orders_db, queue_name, 
 
 
 def test_a_long_batch_keeps_its_leases(tmp_path, server, orders_db, queue_name):
-    """A batch whose work lasts 2.5 leases (one order's effect is slowed by
-    5 s, with 2 s leases): the heartbeat extends every lease of the batch, so
-    a Claim of its keys made after the first lease would have run out still
-    answers IN_PROGRESS, and every order is applied once under token 1."""
+    """A batch of 10 whose work lasts 2.5 leases (one order's effect is
+    slowed by 5 s, with 2 s leases), each ExtendLease 250 ms away: the
+    heartbeat extends every lease of the batch at once, so a Claim of its
+    keys made after the first lease would have run out still answers
+    IN_PROGRESS, and every order is applied once under token 1. (Issue 33,
+    defect 10: extended one after another, a round took 2.5 s, longer than a
+    lease, and the later items' leases ran out.)"""
     journal = tmp_path / "journal.jsonl"
-    ids = ["ord-slow", "ord-x", "ord-y"]
+    ids = ["ord-slow"] + [f"ord-x{i}" for i in range(BATCH_SIZE - 1)]
     publish(queue_name, [(oid, "1", order_body(oid, 7)) for oid in ids])
-    run = ConsumerRun(tmp_path, "slow", server, orders_db, queue_name, journal, CONSUMER_SLOW_ORDER="ord-slow:5")
+    run = ConsumerRun(tmp_path, "slow", server, orders_db, queue_name, journal, CONSUMER_SLOW_ORDER="ord-slow:5",
+                      CONSUMER_EXTEND_LATENCY="0.25")
     try:
         with IdempotencyClient(server.target) as client:
             first = {}
@@ -444,6 +448,7 @@ def test_a_long_batch_keeps_its_leases(tmp_path, server, orders_db, queue_name):
     acks = [e for e in read_journal(journal) if e["event"] == "ack"]
     assert sorted((e["message_id"], e["wrote"], e["receipt"]["fencing"], e["batch"]) for e in acks) == [
         (oid, True, 1, 1) for oid in sorted(ids)]
+    assert "the lease was lost" not in run.log()
     assert effect_runs(orders_db) == {oid: [1] for oid in ids}
 
 
