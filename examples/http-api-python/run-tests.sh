@@ -23,6 +23,9 @@ export IDEMPOTENCY_BIN="$bin"
 
 # The retention against the server's remember_for: docs/recipes.md's rule (check_settings.py).
 python3 "$repo/examples/check_settings.py" http-api-python "$bin"
+# The README's tables of retried status codes against the helpers' code and
+# clients/service-config.json (the codes an API's 503 relies on being retried).
+python3 "$repo/examples/check_retried_codes.py"
 
 python=${PYTHON:-python3}
 if ! "$python" -c 'import venv, ensurepip' 2>/dev/null; then
