@@ -5,6 +5,7 @@
 // message again on its subject (a new stream message, which the consumer
 // claims like any copy: replayed if the event completed meanwhile, processed
 // once otherwise) and removes the advisory.
+import { headers } from "nats";
 import type { JetStreamClient, JetStreamManager, MsgHdrs } from "nats";
 
 export type ParkedReason = "max_deliveries" | "terminated";
@@ -64,15 +65,44 @@ export async function parkedMessages(jsm: JetStreamManager, deadLetterStream: st
 }
 
 /**
- * Publish a parked message again on its subject, then remove its advisory.
- * Without a Nats-Msg-Id: the stream's duplicate window must not drop it.
- * Returns the new stream sequence.
+ * The Nats-Msg-Id of a parked message's re-drive: derived from the
+ * message's own id (else its stream and sequence) and the advisory's
+ * sequence, so it is the same each time this advisory is re-driven and never
+ * the original's (which the duplicate window would drop while it lasts).
  */
-export async function redrive(js: JetStreamClient, jsm: JetStreamManager, deadLetterStream: string, parked: Parked): Promise<number> {
+export function redriveMsgId(parked: Parked): string {
+  const original = parked.message?.headers?.get("Nats-Msg-Id");
+  return `${original || `${parked.stream}/${parked.stream_seq}`}/redrive/${parked.dead_letter_seq}`;
+}
+
+/**
+ * Publish a parked message again on its subject, with its headers and a
+ * Nats-Msg-Id of its own (redriveMsgId), then remove its advisory. A re-drive
+ * killed between the two and run again within the stream's duplicate window
+ * publishes the same id: JetStream drops the second copy (the PubAck says
+ * duplicate, with the first copy's sequence), so the message is in the
+ * stream once. Returns the re-driven copy's stream sequence.
+ */
+export async function redrive(
+  js: JetStreamClient,
+  jsm: JetStreamManager,
+  deadLetterStream: string,
+  parked: Parked,
+  afterPublish?: () => void,
+): Promise<number> {
   if (!parked.message) {
     throw new Error(`${parked.stream} no longer holds seq ${parked.stream_seq}: nothing to re-drive`);
   }
-  const ack = await js.publish(parked.message.subject, parked.message.data);
+  const copied = headers();
+  const original = parked.message.headers;
+  if (original) {
+    for (const key of original.keys()) {
+      if (key.toLowerCase().startsWith("nats-")) continue; // JetStream's own (the id is set below)
+      for (const value of original.values(key)) copied.append(key, value);
+    }
+  }
+  const ack = await js.publish(parked.message.subject, parked.message.data, { msgID: redriveMsgId(parked), headers: copied });
+  afterPublish?.();
   await jsm.streams.deleteMessage(deadLetterStream, parked.dead_letter_seq);
   return ack.seq;
 }

@@ -8,6 +8,11 @@
 //   STREAM              default ORDERS
 //   DEAD_LETTER_STREAM  default <STREAM>_DEADLETTER
 //
+// Each re-driven copy carries a Nats-Msg-Id derived from the parked message
+// (deadletter.ts, redriveMsgId): a re-drive that dies after publishing and is
+// run again within the stream's duplicate_window (2 min) does not publish the
+// message twice.
+//
 // Re-drive after the cause is fixed (the ledger is back). A term()ed message
 // (an unreadable body, another body under a completed event id) is term()ed
 // again when re-driven unchanged: read it, fix it at its source.
@@ -30,7 +35,10 @@ async function main(): Promise<void> {
       const { message, ...line } = parked;
       const shown = { ...line, subject: message?.subject, body: message?.data.toString("utf8") };
       if (which === "all" || which === parked.reason) {
-        const seq = await redrive(js, jsm, deadLetters, parked);
+        const seq = await redrive(js, jsm, deadLetters, parked, () => {
+          // Test hook: die (kill -9) after the publish, before the advisory is removed.
+          if (process.env.REDRIVE_TEST_KILL_AFTER_PUBLISH === "1") process.kill(process.pid, "SIGKILL");
+        });
         console.log(JSON.stringify({ ...shown, redriven_as: seq }));
       } else {
         console.log(JSON.stringify(shown));

@@ -202,9 +202,21 @@ test("a ledger outage longer than the retry budget ends parked in the dead-lette
     await adminQuery(`ALTER DATABASE ${ledgerDb} ALLOW_CONNECTIONS true`);
     ledgerDown = false;
     assert.equal(await ledgerRow("outage-1"), undefined, "nothing was written during the outage");
+    // Issue 33, defect 14: a re-drive killed (kill -9) after its publish,
+    // before it removed the advisory, and run again: the second publish
+    // carries the same Nats-Msg-Id, JetStream drops it as a duplicate, and
+    // the stream holds one re-driven copy (it held two: the re-drive
+    // published without an id).
+    await assert.rejects(
+      program("redrive", ["max_deliveries"], { STREAM: stream, REDRIVE_TEST_KILL_AFTER_PUBLISH: "1" }),
+      (error: NodeJS.ErrnoException & { signal?: string }) => error.signal === "SIGKILL",
+    );
     const [redriven] = await redrive(stream, "max_deliveries");
     const newSeq = redriven.redriven_as as number;
-    assert.ok(newSeq > published.seq);
+    assert.equal(newSeq, published.seq + 1, "the second re-drive's copy is the first one's");
+    assert.equal((await jsm.streams.info(stream)).state.last_seq, published.seq + 1, "one re-driven copy in the stream");
+    const copy = await jsm.streams.getMessage(stream, { seq: newSeq });
+    assert.equal(copy.header.get("Nats-Msg-Id"), `${stream}/${published.seq}/redrive/1`);
     await waitFor(
       "the re-driven message completed",
       async () => consumer.reports.some((r) => r.stream_seq === newSeq && r.outcome === "completed") && (await drained(stream, "outage")),
