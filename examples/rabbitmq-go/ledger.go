@@ -33,7 +33,9 @@ import (
 //     re-executed; a forgotten key has none). The consumer parks it.
 //
 // Every write is also appended to applied.log (order and token), so a test
-// can see how often the effect ran and under which leases.
+// can see how often the effect ran and under which leases. Each write is
+// fsynced (the file, then its folder after the rename) before Apply returns,
+// so an acked order's entry survives a crash of the machine.
 type Ledger struct{ dir string }
 
 // Entry is what the ledger keeps for an order.
@@ -81,22 +83,52 @@ func (l *Ledger) Apply(order Order, bodySHA256 []byte, fencingToken uint64) (ent
 	}
 	entry = Entry{OrderID: order.ID, AmountCents: order.AmountCents, FencingToken: fencingToken, BodySHA256: fp}
 	data, _ := json.Marshal(entry)
+	// Durable before Apply returns, since the message is acked after it: the
+	// new file's bytes (fsync), then its name (rename, then fsync of the
+	// folder). Without them a crash of the machine (power, kernel) after the
+	// ack can lose an effect whose message is gone, or leave an empty file.
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+	if err := writeSynced(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, data); err != nil {
 		return Entry{}, false, err
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return Entry{}, false, err
 	}
-	log, err := os.OpenFile(filepath.Join(l.dir, "applied.log"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-	if err != nil {
+	if err := syncDir(l.dir); err != nil {
 		return Entry{}, false, err
 	}
-	defer log.Close()
-	if _, err := fmt.Fprintf(log, "%s %d\n", order.ID, fencingToken); err != nil {
+	line := []byte(fmt.Sprintf("%s %d\n", order.ID, fencingToken))
+	if err := writeSynced(filepath.Join(l.dir, "applied.log"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, line); err != nil {
 		return Entry{}, false, err
 	}
 	return entry, true, nil
+}
+
+// writeSynced writes data to the file opened with flag, and fsyncs it.
+func writeSynced(path string, flag int, data []byte) error {
+	f, err := os.OpenFile(path, flag, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// syncDir fsyncs a folder, so that a rename (or a new file) in it is durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // Lookup is the order's entry, and whether there is one.

@@ -68,13 +68,21 @@ type consumer struct {
 
 func startConsumer(t *testing.T, dir string, run int, args ...string) *consumer {
 	t.Helper()
+	return startConsumerUnder(t, dir, run, nil, args...)
+}
+
+// startConsumerUnder runs the consumer as the last argument of wrapper (a
+// tracer): wrapper..., the consumer, args.
+func startConsumerUnder(t *testing.T, dir string, run int, wrapper []string, args ...string) *consumer {
+	t.Helper()
 	logPath := filepath.Join(dir, fmt.Sprintf("consumer-%d.log", run))
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command(os.Args[0], args...)
+	argv := append(append(append([]string{}, wrapper...), os.Args[0]), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), consumerEnv+"=1")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
@@ -694,6 +702,61 @@ func TestLateCopyAfterTheServiceForgotTheOrder(t *testing.T) {
 // 400 ms in the retry queues, and when the budget is spent the order is
 // parked as retries_exhausted, nothing applied. Once the ledger is back, the
 // operator moves it back into the queue: applied once.
+// Issue 33, defect 14: the ledger's entry is durable before the message is
+// acked. The consumer runs under strace (its system calls: fsync, rename);
+// an order is applied and acked, then the consumer is killed with SIGKILL.
+// The entry's bytes were fsynced before the rename that made them the
+// entry, the folder fsynced after it (so the name survives a crash of the
+// machine, which a kill -9 alone cannot show), and applied.log fsynced; the
+// entry is whole after the kill.
+func TestLedgerEntryIsSyncedBeforeTheAck(t *testing.T) {
+	strace, err := exec.LookPath("strace")
+	if err != nil {
+		t.Fatal("strace is not installed (run-tests.sh installs it)")
+	}
+	server := idempotencytest.Start(t)
+	dir := t.TempDir()
+	ledgerDir := filepath.Join(dir, "ledger")
+	trace := filepath.Join(dir, "strace.out")
+	queue := "idempotency-go-example-" + randomSuffix(t)
+	b := dialBroker(t, amqpURL())
+	b.declareTopology(t, queue)
+	run := startConsumerUnder(t, dir, 1,
+		[]string{strace, "-f", "-qq", "-y", "--kill-on-exit", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2", "-o", trace},
+		consumerArgs(queue, server.Target, "examples/rabbitmq-go/"+queue, ledgerDir)...)
+	defer func() { t.Logf("consumer:\n%s", strings.Join(run.lines(), "\n")) }()
+	b.publish(t, queue, amqp.Publishing{Body: body("o-sync", 321)})
+	waitFor(t, "the order acked", 30*time.Second, run, contains(run, `done order=o-sync replayed=false wrote=true token=1$`))
+	run.signal(syscall.SIGKILL) // strace, and with it (--kill-on-exit) the consumer
+
+	data, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := regexp.QuoteMeta(filepath.Join(ledgerDir, "order-o-sync.json"))
+	steps := []struct{ what, pattern string }{
+		{"fsync of the new entry's file", `fsync\(\d+<` + entry + `\.tmp>\)\s+= 0`},
+		{"its rename into place", `rename(at2?)?\(.*"` + entry + `\.tmp",.*"` + entry + `"`},
+		{"fsync of the ledger's folder", `fsync\(\d+<` + regexp.QuoteMeta(ledgerDir) + `>\)\s+= 0`},
+		{"fsync of applied.log", `fsync\(\d+<` + regexp.QuoteMeta(filepath.Join(ledgerDir, "applied.log")) + `>\)\s+= 0`},
+	}
+	lines := strings.Split(string(data), "\n")
+	at := 0
+	for _, step := range steps {
+		re := regexp.MustCompile(step.pattern)
+		for at < len(lines) && !re.MatchString(lines[at]) {
+			at++
+		}
+		if at == len(lines) {
+			t.Fatalf("no %s (in order) in the consumer's system calls:\n%s", step.what, data)
+		}
+	}
+	ledger, _ := OpenLedger(ledgerDir)
+	if got, ok, err := ledger.Lookup("o-sync"); err != nil || !ok || got.AmountCents != 321 || got.FencingToken != 1 {
+		t.Errorf("the entry after the kill: %+v %t %v", got, ok, err)
+	}
+}
+
 func TestLedgerOutageLongerThanTheRetryBudgetIsParked(t *testing.T) {
 	server := idempotencytest.Start(t)
 	client := server.Client(t)

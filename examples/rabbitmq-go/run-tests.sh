@@ -26,7 +26,7 @@ if ! timeout 5 bash -c ": </dev/tcp/$host/$port" 2>/dev/null; then
   exit 1
 fi
 
-go_install_debs golang-github-rabbitmq-amqp091-go-dev rabbitmq-server
+go_install_debs golang-github-rabbitmq-amqp091-go-dev rabbitmq-server strace  # strace: the ledger fsync test
 go_venv
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
