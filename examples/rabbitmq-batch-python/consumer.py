@@ -558,7 +558,10 @@ class BatchConsumer:
         except Exception as error:
             log.error("delivery %s: publishing to %s failed (%s); requeueing it", message.delivery_tag, queue, error)
             try:
-                await message.nack(requeue=True)
+                # reject, not nack: from RabbitMQ 4.3 only basic.reject with
+                # requeue counts toward x-delivery-limit (basic.nack with
+                # requeue does not); before 4.3 both do.
+                await message.reject(requeue=True)
             except Exception:
                 pass
             return False

@@ -338,7 +338,10 @@ func (c *orderConsumer) republish(d amqp.Delivery, queue string, extra amqp.Tabl
 	})
 	if err != nil {
 		log.Printf("publish to %s: %v; requeueing the delivery", queue, err)
-		_ = d.Nack(false, true)
+		// Reject, not Nack: from RabbitMQ 4.3 only basic.reject with requeue
+		// counts toward x-delivery-limit (basic.nack with requeue does not);
+		// before 4.3 both do.
+		_ = d.Reject(true)
 		return
 	}
 	if err := d.Ack(false); err != nil {

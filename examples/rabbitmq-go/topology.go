@@ -27,7 +27,10 @@ import (
 //
 // Why the delivery limit still: a failure the consumer sees is acked after
 // its retry copy is published, so it never counts; what counts is a
-// redelivery after a consumer or its channel died holding the message. 20
+// redelivery after a consumer or its channel died holding the message, and a
+// Reject with requeue (when the retry copy cannot be published). Before
+// RabbitMQ 4.3 every return counts, Nack with requeue included; from 4.3 a
+// Nack with requeue and a consumer_timeout do not, hence Reject. 20
 // lets a message live through 19 of those before RabbitMQ dead-letters it
 // into <queue>.dlq (its x-death header then says delivery_limit).
 

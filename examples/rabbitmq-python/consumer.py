@@ -477,8 +477,9 @@ class Consumer:
         """Publish a copy (publisher confirms: publish() returns once the broker
         has it), then ack the delivery. A crash between the two leaves two
         copies, which the key makes harmless. If the publish fails, the
-        delivery is nacked back into its queue (it counts against the
-        delivery limit), so nothing is lost either way."""
+        delivery is rejected back into its queue (basic.reject, requeue: it
+        counts against the delivery limit on every RabbitMQ version), so
+        nothing is lost either way."""
         headers = {k: v for k, v in (message.headers or {}).items() if k != "x-delivery-count"}
         headers.update(extra_headers)
         try:
@@ -496,7 +497,10 @@ class Consumer:
         except Exception as error:
             log.error("delivery %s: publishing to %s failed (%s); requeueing it", message.delivery_tag, queue, error)
             try:
-                await message.nack(requeue=True)
+                # reject, not nack: from RabbitMQ 4.3 only basic.reject with
+                # requeue counts toward x-delivery-limit (basic.nack with
+                # requeue does not); before 4.3 both do.
+                await message.reject(requeue=True)
             except Exception:
                 pass  # the channel is gone: RabbitMQ requeues it anyway
             return False

@@ -18,7 +18,11 @@ spent the message is parked with its reason, never dropped.
 Why the delivery limit still: a failure the consumer sees is acked after the
 retry copy is published, so it never counts; what counts is a redelivery
 after a consumer or its channel died holding the message (a crash, an OOM
-kill, consumer_timeout). 20 lets a message live through 19 of those, the
+kill), and a basic.reject with requeue (what the consumer does when it cannot
+publish the retry copy). On RabbitMQ before 4.3 (the tests run 3.10) every
+return counts, basic.nack with requeue and consumer_timeout included; from
+4.3 a basic.nack with requeue and a consumer_timeout do not, which is why the
+consumer rejects rather than nacks (tests: the delivery limit test). 20 lets a message live through 19 of those, the
 innocent ones prefetched next to a poison message included, before RabbitMQ
 dead-letters it into <queue>.dlq (with its x-death header saying
 delivery_limit).

@@ -782,39 +782,75 @@ def test_ledger_outage_longer_than_the_retry_budget_is_parked_then_applied_once(
 
 def test_delivery_limit_dead_letters_into_the_parking_queue(queue_name):
     """The main queue is a durable quorum queue whose delivery limit
-    dead-letters into <queue>.dlq: a message given back DELIVERY_LIMIT + 1
-    times (what consumers dying with it unacked do) lands there, with
-    RabbitMQ's x-death saying why. Declaring it as classic, or non-durable,
-    is refused: the broker holds these arguments."""
+    dead-letters into <queue>.dlq. What counts toward the limit, on the
+    broker the tests run (issue 33, defect 4): a message given back
+    DELIVERY_LIMIT + 1 times, alternately by basic.reject with requeue (what
+    the consumers do when they cannot publish a retry copy) and by closing the
+    channel that holds it unacked (a consumer that died), lands there, with
+    RabbitMQ's x-death saying why: both count on every version. basic.nack
+    with requeue counts before RabbitMQ 4.3 and not from 4.3 on (the limit
+    then reads failed deliveries only): the test asserts what the broker's
+    version says. Declaring the queue as classic, or non-durable, is refused:
+    the broker holds these arguments."""
 
-    async def scenario(channel):
-        queue = await channel.declare_queue(queue_name, passive=True)
+    async def give_back(connection, channel, message_id: str, how) -> tuple:
+        """Publish a message, give it back with how(connection, message) until
+        it leaves the queue (at most DELIVERY_LIMIT + 2 times): (returns, its
+        dead-lettered copy or None)."""
         await channel.default_exchange.publish(
-            aio_pika.Message(b"{}", message_id="poison", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+            aio_pika.Message(b"{}", message_id=message_id, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
             routing_key=queue_name)
+        dlq = await channel.declare_queue(topology.parking_queue(queue_name), passive=True)
         returns = 0
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while returns <= DELIVERY_LIMIT + 1 and time.monotonic() < deadline:
+            holder = await connection.channel()
+            queue = await holder.declare_queue(queue_name, passive=True)
             message = await queue.get(fail=False)
             if message is None:
-                if await dlq_depth(channel):
-                    break
+                await holder.close()
+                dead = await dlq.get(fail=False, no_ack=True)
+                if dead is not None:
+                    return returns, dead
                 await asyncio.sleep(0.05)
                 continue
-            await message.nack(requeue=True)
+            await how(holder, message, returns)
             returns += 1
-        dlq = await channel.declare_queue(topology.parking_queue(queue_name), passive=True)
-        dead = await dlq.get(fail=False, no_ack=True)
-        return returns, dead
+        queue = await channel.declare_queue(queue_name, passive=True)
+        await queue.purge()
+        return returns, None
 
-    async def dlq_depth(channel):
-        dlq = await channel.declare_queue(topology.parking_queue(queue_name), passive=True)
-        return dlq.declaration_result.message_count
+    async def reject_or_die(holder, message, n):
+        if n % 2 == 0:
+            await message.reject(requeue=True)
+        await holder.close()  # odd: closed holding it unacked, as a dying consumer
 
-    returns, dead = asyncio.run(amqp(scenario))
+    async def nack(holder, message, n):
+        await message.nack(requeue=True)
+        await holder.close()
+
+    async def scenario():
+        connection = await aio_pika.connect(AMQP_URL)
+        try:
+            version = connection.transport.connection.server_properties["version"]
+            version = version.decode() if isinstance(version, bytes) else version
+            channel = await connection.channel()
+            return (version, await give_back(connection, channel, "poison", reject_or_die),
+                    await give_back(connection, channel, "nacked", nack))
+        finally:
+            await connection.close()
+
+    version, (returns, dead), (nack_returns, nack_dead) = asyncio.run(scenario())
+    print(f"RabbitMQ {version}")
     assert returns == DELIVERY_LIMIT + 1
     assert dead is not None and dead.message_id == "poison"
     assert dead.headers["x-first-death-reason"] == "delivery_limit"
+    if tuple(int(p) for p in version.split(".")[:2]) < (4, 3):
+        # Every return counts: nack with requeue too.
+        assert (nack_returns, nack_dead is not None and nack_dead.message_id) == (DELIVERY_LIMIT + 1, "nacked")
+    else:
+        # A nack with requeue is not a failed delivery: never dead-lettered.
+        assert (nack_returns, nack_dead) == (DELIVERY_LIMIT + 2, None)
 
     for durable, arguments in ((True, {"x-queue-type": "classic"}), (False, {"x-queue-type": "quorum"})):
         async def redeclare(channel):
