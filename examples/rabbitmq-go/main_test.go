@@ -989,25 +989,68 @@ func (r *privateRabbit) log() string {
 // stopped and started again; the order is still there, and the consumer
 // applies it. (The old consumer's non-durable queue was gone after the
 // restart, and the order with it.)
+//
+// Issue 33, defect 5: dead-lettering is at least once. Before the restart a
+// message is given back past the delivery limit while the parking queue is
+// missing (deleted by the test): RabbitMQ keeps it instead of dropping it.
+// The parking queue is declared again, the node restarted, and the message
+// is in the parking queue, x-death saying delivery_limit. (At most once, the
+// default, dropped it.)
 func TestOrderSurvivesABrokerRestart(t *testing.T) {
 	server := idempotencytest.Start(t)
 	node := startPrivateRabbit(t)
 	dir := t.TempDir()
 	queue := "orders-restart"
 	args := []string{"-amqp", node.url(), "-queue", queue, "-target", server.Target,
-		"-namespace", "examples/rabbitmq-go/restart", "-ledger", filepath.Join(dir, "ledger"), "-lease", "2s", "-wait", "7s"}
+		"-namespace", "examples/rabbitmq-go/restart", "-ledger", filepath.Join(dir, "ledger"), "-lease", "2s", "-wait", "7s",
+		"-delivery-limit", "2"}
 
 	first := startConsumer(t, dir, 1, args...)
 	waitFor(t, "the consumer to declare its queues", 30*time.Second, first, contains(first, `ready queue=orders-restart$`))
 	first.signal(syscall.SIGTERM)
 
 	b := dialBroker(t, node.url())
+	// A poison message given back 3 times (limit 2) while the parking queue is missing.
+	if _, err := b.ch.QueueDelete(ParkingQueue(queue), false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	poison := []byte(`{"order_id":"o-poison","amount_cents":1}`)
+	b.publish(t, queue, amqp.Publishing{Body: poison})
+	for returns := 0; returns < 3; {
+		d, ok, err := b.ch.Get(queue, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			t.Fatalf("the poison message left the queue after %d returns, want 3", returns)
+		}
+		if err := d.Reject(true); err != nil {
+			t.Fatal(err)
+		}
+		returns++
+	}
+	if _, err := b.ch.QueueDeclare(ParkingQueue(queue), true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
 	order := body("o-restart", 4242)
 	b.publish(t, queue, amqp.Publishing{Body: order})
 	b.conn.Close()
 
 	node.stop()
 	node.start()
+
+	b = dialBroker(t, node.url())
+	deadline := time.Now().Add(30 * time.Second)
+	for b.depth(t, ParkingQueue(queue)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the message dead-lettered while the parking queue was missing is not in it 30 s after the restart: dead-lettering dropped it")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	parked := b.drain(t, ParkingQueue(queue))
+	if len(parked) != 1 || string(parked[0].Body) != string(poison) || parked[0].Headers["x-first-death-reason"] != "delivery_limit" {
+		t.Fatalf("the parking queue after the restart: %d messages, want the poison message dead-lettered by delivery_limit", len(parked))
+	}
 
 	second := startConsumer(t, dir, 2, args...)
 	defer func() { t.Logf("consumer:\n%s", strings.Join(second.lines(), "\n")) }()

@@ -105,6 +105,29 @@ func MainQueueArgs(queue string, deliveryLimit int) amqp.Table {
 		"x-delivery-limit":          int32(deliveryLimit),
 		"x-dead-letter-exchange":    "", // the default exchange: routed by queue name
 		"x-dead-letter-routing-key": ParkingQueue(queue),
+		// Dead-lettering at least once (RabbitMQ 3.10 and later, quorum
+		// queues): a message leaves the queue only once the dead-letter
+		// target confirmed it, so one dead-lettered while the parking queue
+		// is missing, or during a crash, is kept and dead-lettered again
+		// (after a restart, at once); the default, at most once, drops it.
+		// It requires overflow reject-publish.
+		"x-dead-letter-strategy": "at-least-once",
+		"x-overflow":             "reject-publish",
+	}
+}
+
+// RetryQueueArgs are a retry queue's arguments: a quorum queue whose
+// messages expire after the delay and are dead-lettered, at least once, back
+// into the main queue. Every message in one retry queue has the same TTL, so
+// they expire in order at its head.
+func RetryQueueArgs(queue string, delay time.Duration) amqp.Table {
+	return amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-message-ttl":             int32(delay.Milliseconds()),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": queue,
+		"x-dead-letter-strategy":    "at-least-once",
+		"x-overflow":                "reject-publish",
 	}
 }
 
@@ -118,13 +141,7 @@ func DeclareTopology(ch *amqp.Channel, queue string, delays []time.Duration, del
 		return fmt.Errorf("declare %s: %w", queue, err)
 	}
 	for _, d := range delays {
-		// Every message in one retry queue has the same TTL, so they expire in
-		// order at its head.
-		if _, err := ch.QueueDeclare(RetryQueue(queue, d), true, false, false, false, amqp.Table{
-			"x-message-ttl":             int32(d.Milliseconds()),
-			"x-dead-letter-exchange":    "",
-			"x-dead-letter-routing-key": queue,
-		}); err != nil {
+		if _, err := ch.QueueDeclare(RetryQueue(queue, d), true, false, false, false, RetryQueueArgs(queue, d)); err != nil {
 			return fmt.Errorf("declare %s: %w", RetryQueue(queue, d), err)
 		}
 	}

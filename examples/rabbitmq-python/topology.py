@@ -87,6 +87,15 @@ def queue_names(queue: str, delays: Sequence[float]) -> List[str]:
     return [queue, parking_queue(queue), *retries]
 
 
+#: Dead-lettering at least once (RabbitMQ 3.10 and later, quorum queues): a
+#: message is removed from its queue only once the dead-letter target
+#: confirmed it, so one dead-lettered while <queue>.dlq is missing, or during
+#: a node's crash, is kept and dead-lettered again (after a restart, at
+#: once). The default, at most once, drops it. It requires overflow
+#: reject-publish (with drop-head RabbitMQ falls back to at most once).
+AT_LEAST_ONCE = {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+
+
 async def declare(
     channel: aio_pika.abc.AbstractChannel,
     queue: str,
@@ -105,6 +114,7 @@ async def declare(
             "x-delivery-limit": limit,
             "x-dead-letter-exchange": "",  # the default exchange: routed by queue name
             "x-dead-letter-routing-key": dlq,
+            **AT_LEAST_ONCE,
         },
     )
     for seconds in sorted(set(delays)):
@@ -112,12 +122,16 @@ async def declare(
             retry_queue(queue, seconds),
             durable=True,
             arguments={
+                # A quorum queue too: its expired messages are dead-lettered
+                # back into <queue> at least once, as the main queue's are.
+                "x-queue-type": "quorum",
                 # Every message in one retry queue has the same TTL, so they
                 # expire in order at the head (per-message TTLs of different
                 # lengths in one queue would wait behind each other).
                 "x-message-ttl": round(seconds * 1000),
                 "x-dead-letter-exchange": "",
                 "x-dead-letter-routing-key": queue,
+                **AT_LEAST_ONCE,
             },
         )
     return main
