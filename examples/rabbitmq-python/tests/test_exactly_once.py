@@ -327,7 +327,8 @@ def test_orders_exactly_once_through_kills(tmp_path, server, orders_db, queue_na
     runs.append(final)
     try:
         # A message reusing the first order's id with another body, published
-        # once that order is done: its fingerprint differs, so it is parked.
+        # once that order is done: the ledger holds it with another body, so it
+        # is parked before any Claim (issue 33, defect 9).
         conflict_id = "ord-0000"
         wait_for(lambda: any(e["message_id"] == conflict_id and e["event"] == "ack" for e in read_journal(journal)),
                  60, f"{conflict_id} to be acked")
@@ -347,7 +348,7 @@ def test_orders_exactly_once_through_kills(tmp_path, server, orders_db, queue_na
     assert retry_and_main_depths(queue_name) == {q: 0 for q in retry_and_main_depths(queue_name)}
     [(parked_id, parked_headers, parked_body)] = parked(queue_name)
     assert (parked_id, parked_headers["x-test-copy"], parked_headers[topology.PARKED_REASON]) == (
-        conflict_id, "conflict", "fingerprint_mismatch")
+        conflict_id, "conflict", "conflicts_with_applied_order")
     assert json.loads(parked_body)["amount_cents"] == orders[conflict_id]["amount_cents"] + 1
 
     entries = read_journal(journal)
@@ -356,7 +357,7 @@ def test_orders_exactly_once_through_kills(tmp_path, server, orders_db, queue_na
         if e["event"] == "ack":
             acks[e["message_id"]].append(e)
     rejects = [e for e in entries if e["event"] == "park"]
-    assert [(e["message_id"], e["copy"], e["reason"]) for e in rejects] == [(conflict_id, "conflict", "fingerprint_mismatch")]
+    assert [(e["message_id"], e["copy"], e["reason"]) for e in rejects] == [(conflict_id, "conflict", "conflicts_with_applied_order")]
     assert not any(e["copy"] == "conflict" for e in entries if e["event"] == "ack")
 
     # The consumer's database: every order once, one ledger entry per order,
