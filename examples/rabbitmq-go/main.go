@@ -201,12 +201,10 @@ func (c *orderConsumer) handle(ctx context.Context, d amqp.Delivery) {
 	// ledger (ErrConflict), and Once would release the key holding ITS
 	// fingerprint: every later copy of the applied body would then be told
 	// FingerprintMismatch and parked instead of acked.
+	// (A ledger that cannot be read is not checked here: the effect will
+	// fail on it too, and the message go to the retry queue.)
 	existing, applied, err := c.ledger.Lookup(order.ID)
-	if err != nil {
-		c.retry(ctx, d, order.ID, err)
-		return
-	}
-	if applied && existing.BodySHA256 != hex.EncodeToString(fp) {
+	if err == nil && applied && existing.BodySHA256 != hex.EncodeToString(fp) {
 		err := conflict(existing, order)
 		log.Printf("park order=%s reason=conflicts_with_applied_order: %v", order.ID, err)
 		c.park(d, order.ID, "conflicts_with_applied_order", err.Error())
