@@ -960,3 +960,45 @@ def test_poison_amounts_are_parked_and_the_queue_goes_on(tmp_path, server, order
     with IdempotencyClient(server.target) as client:  # nothing was claimed for them
         for oid, _, _ in POISON:
             assert client.get(consumer_module.NAMESPACE, derive_key("orders", oid)).state is State.ABSENT
+
+
+def test_a_purged_key_is_forgotten_after_the_reaper(tmp_path, reaping_server, orders_db, queue_name):
+    """Issue 33, defect 8: what Purge leaves behind, as docs/recipes.md now
+    says. On a server that refuses late retries and reaps every second, an
+    order completes (its result stored for an hour) and is purged: right
+    away a Claim with late_retry="refuse" would be CLAIMED (the test's Get
+    shows the record expired, not remembered), and once the reaper ran the
+    key is forgotten: no row, no marker. The same body then Claims token 1
+    again (the counter does not go on past the reaper), writes nothing and is
+    acked with the rows as its receipt: one order, one ledger entry."""
+    server = reaping_server
+    journal = tmp_path / "journal.jsonl"
+    key = derive_key("orders", "ord-reaped")
+    run = ConsumerRun(tmp_path, "reaped", server, orders_db, queue_name, journal)
+
+    def acks(copy):
+        return [e for e in read_journal(journal) if e["event"] == "ack" and e["copy"] == copy]
+
+    try:
+        publish(queue_name, [("ord-reaped", "first", order_body("ord-reaped", 100))])
+        wait_for(lambda: acks("first"), 30, "the first copy to be acked")
+        [first] = acks("first")
+        rows_before = order_rows(orders_db)
+        with IdempotencyClient(server.target) as client:
+            purged = client.purge(consumer_module.NAMESPACE, key, reason="test: purge, then the reaper")
+            assert (purged.purged, purged.previous_state) == (True, State.COMPLETED)
+            got = client.get(consumer_module.NAMESPACE, key)
+            assert (got.state, got.remembered_until) == (State.ABSENT, None)  # expired, not remembered
+        wait_for(lambda: record_rows(server, key) == 0, 30, "the reaper to delete the purged row")
+
+        publish(queue_name, [("ord-reaped", "again", order_body("ord-reaped", 100))])
+        wait_for(lambda: acks("again"), 30, "the same body after the Purge and the reaper to be acked")
+    finally:
+        assert run.stop() == 0, run.log()
+    [again] = acks("again")
+    assert (again["replayed"], again["wrote"], again["late_retry"], again["receipt"]) == (False, False, None, first["receipt"])
+    with IdempotencyClient(server.target) as client:
+        record = client.get(consumer_module.NAMESPACE, key)
+    assert (record.state, record.fencing_token) == (State.COMPLETED, 1)  # token 1 again
+    assert order_rows(orders_db) == rows_before
+    assert effect_runs(orders_db) == [1]
