@@ -153,7 +153,7 @@ func run(ctx context.Context, s settings) error {
 	if err != nil {
 		return err
 	}
-	defer pub.ch.Close()
+	defer pub.close()
 	deliveries, err := ch.Consume(s.queue, "", false, false, false, false, nil)
 	if err != nil {
 		return err
@@ -364,43 +364,98 @@ func headerInt(h amqp.Table, name string) int {
 }
 
 // publisher publishes with confirms, one message at a time (the consumer
-// handles one delivery at a time).
+// handles one delivery at a time), mandatory: a copy that no queue takes (a
+// retry or parking queue deleted by hand) comes back as a basic.return and
+// is an error, never silently dropped while its delivery is acked. After a
+// confirm timeout or a closed channel it opens a new channel for the next
+// copy instead of failing every later one on the dead channel.
 type publisher struct {
+	conn     *amqp.Connection
 	ch       *amqp.Channel
 	confirms chan amqp.Confirmation
+	returns  chan amqp.Return
+	timeout  time.Duration
 }
 
 func newPublisher(conn *amqp.Connection) (*publisher, error) {
-	ch, err := conn.Channel()
+	p := &publisher{conn: conn, timeout: 10 * time.Second}
+	return p, p.open()
+}
+
+// open opens the channel in confirm mode, with its confirm and return
+// listeners (one each for the channel's life: the library blocks on a full one).
+func (p *publisher) open() error {
+	ch, err := p.conn.Channel()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := ch.Confirm(false); err != nil {
 		ch.Close()
-		return nil, err
+		return err
 	}
-	return &publisher{ch: ch, confirms: ch.NotifyPublish(make(chan amqp.Confirmation, 1))}, nil
+	p.ch = ch
+	p.returns = ch.NotifyReturn(make(chan amqp.Return, 1))
+	p.confirms = ch.NotifyPublish(make(chan amqp.Confirmation, 1))
+	return nil
+}
+
+func (p *publisher) close() {
+	if p.ch != nil {
+		p.ch.Close()
+		p.ch = nil
+	}
 }
 
 func (p *publisher) publish(queue string, msg amqp.Publishing) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if p.ch == nil || p.ch.IsClosed() {
+		// The last copy timed out, or the channel closed: a new channel (if
+		// the connection is gone too, this fails, and so does the consumer).
+		p.close()
+		if err := p.open(); err != nil {
+			return fmt.Errorf("reopening the publishing channel: %w", err)
+		}
+		log.Printf("publisher: a new channel")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
-	if err := p.ch.PublishWithContext(ctx, "", queue, false, false, msg); err != nil {
+	if err := p.ch.PublishWithContext(ctx, "", queue, true, false, msg); err != nil {
+		p.close()
 		return err
 	}
-	select {
-	case confirm, ok := <-p.confirms:
-		if !ok {
-			return errors.New("the publishing channel closed")
+	var returned *amqp.Return
+	for {
+		select {
+		case r, ok := <-p.returns:
+			// RabbitMQ sends the return before the (positive) confirm.
+			if !ok {
+				p.close()
+				return errors.New("the publishing channel closed")
+			}
+			returned = &r
+			continue
+		case confirm, ok := <-p.confirms:
+			if !ok {
+				p.close()
+				return errors.New("the publishing channel closed")
+			}
+			// The return, if any, was dispatched before this confirm.
+			select {
+			case r := <-p.returns:
+				returned = &r
+			default:
+			}
+			if returned != nil {
+				return fmt.Errorf("no queue took the copy for %s (returned: %d %s)", queue, returned.ReplyCode, returned.ReplyText)
+			}
+			if !confirm.Ack {
+				return fmt.Errorf("the broker refused the copy for %s", queue)
+			}
+			return nil
+		case <-ctx.Done():
+			// A confirm that comes later would be taken for the next copy's:
+			// drop this channel; the next copy opens a new one.
+			p.close()
+			return fmt.Errorf("no confirm from the broker for %s within %s", queue, p.timeout)
 		}
-		if !confirm.Ack {
-			return fmt.Errorf("the broker refused the copy for %s", queue)
-		}
-		return nil
-	case <-ctx.Done():
-		// A confirm that comes later would be taken for the next copy's:
-		// close the channel, so every later copy fails (and is requeued).
-		p.ch.Close()
-		return fmt.Errorf("no confirm from the broker for %s within 10 s", queue)
 	}
 }

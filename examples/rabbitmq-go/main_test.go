@@ -772,6 +772,49 @@ func TestLedgerEntryIsSyncedBeforeTheAck(t *testing.T) {
 	}
 }
 
+// Issue 33, defect 3: the retry copy is published mandatory. The first retry
+// queue is deleted (by hand, say) and the ledger fails, so the order's retry
+// copy is routed nowhere: RabbitMQ returns it, the publisher reports it, and
+// the delivery is rejected back instead of acked, until the delivery limit
+// (5) parks it: nothing lost. (Published without mandatory, the copy was
+// dropped silently and the delivery acked: the order was gone.)
+func TestUnroutableRetryCopyIsNotLost(t *testing.T) {
+	server := idempotencytest.Start(t)
+	dir := t.TempDir()
+	ledgerDir := filepath.Join(dir, "ledger")
+	queue := "idempotency-go-example-" + randomSuffix(t)
+	b := dialBroker(t, amqpURL())
+	b.declareTopology(t, queue)
+	run := startConsumer(t, dir, 1, consumerArgs(queue, server.Target, "examples/rabbitmq-go/"+queue, ledgerDir)...)
+	defer func() { t.Logf("consumer:\n%s", strings.Join(run.lines(), "\n")) }()
+	waitFor(t, "the consumer to start", 30*time.Second, run, contains(run, `ready queue=`))
+	if _, err := b.ch.QueueDelete(RetryQueue(queue, testRetryDelays[0]), false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(ledgerDir, ledgerDir+".offline"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ledgerDir, []byte("not a folder"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	order := body("o-unroutable", 555)
+	b.publish(t, queue, amqp.Publishing{Body: order})
+	deadline := time.Now().Add(15 * time.Second)
+	for b.depth(t, ParkingQueue(queue)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the order is not in the parking queue after 15 s (main queue: %d messages): its retry copy was dropped", b.depth(t, queue))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	parked := b.drain(t, ParkingQueue(queue))
+	if len(parked) != 1 || string(parked[0].Body) != string(order) || parked[0].Headers["x-first-death-reason"] != "delivery_limit" {
+		t.Fatalf("parked: %d messages, want the order dead-lettered by delivery_limit", len(parked))
+	}
+	if got := matching(run, `no queue took the copy for `+regexp.QuoteMeta(RetryQueue(queue, testRetryDelays[0]))); len(got) != testDeliveryLimit+1 {
+		t.Errorf("%d returned copies, want %d (one per delivery):\n%s", len(got), testDeliveryLimit+1, strings.Join(run.lines(), "\n"))
+	}
+}
+
 func TestLedgerOutageLongerThanTheRetryBudgetIsParked(t *testing.T) {
 	server := idempotencytest.Start(t)
 	client := server.Client(t)
@@ -808,6 +851,8 @@ func TestLedgerOutageLongerThanTheRetryBudgetIsParked(t *testing.T) {
 	if record.State != idempotency.StateReleased || record.FencingToken != 3 {
 		t.Errorf("record: %s token %d, want RELEASED after three attempts", record.State, record.FencingToken)
 	}
+	// The consumer logs "park" before its copy is confirmed: wait for the copy.
+	waitFor(t, "the parked copy in the parking queue", 10*time.Second, run, func() bool { return b.depth(t, ParkingQueue(queue)) == 1 })
 	parked := b.drain(t, ParkingQueue(queue))
 	if len(parked) != 1 || string(parked[0].Body) != string(order) || parked[0].Headers[headerParkedReason] != "retries_exhausted" {
 		t.Fatalf("parked: %v, want the order as retries_exhausted", parked)
