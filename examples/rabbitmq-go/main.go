@@ -67,6 +67,7 @@ type settings struct {
 	lease, retention, wait                       time.Duration
 	retryDelays                                  []time.Duration
 	deliveryLimit                                int
+	confirmTimeout                               time.Duration
 	hold                                         holdPoint
 }
 
@@ -83,9 +84,11 @@ func main() {
 	flag.DurationVar(&s.wait, "wait", 45*time.Second, "how long a delivery waits on another consumer's live lease (more than a lease)")
 	flag.StringVar(&delays, "retry-delays", DefaultRetryDelays, "the backoff before each retry; then the message is parked")
 	flag.IntVar(&s.deliveryLimit, "delivery-limit", DefaultDeliveryLimit, "redeliveries after a crash before RabbitMQ dead-letters a message")
+	flag.DurationVar(&s.confirmTimeout, "confirm-timeout", 10*time.Second, "how long a retry or park copy waits for the broker's confirm")
 	flag.StringVar(&hold, "hold", "", "for tests: ORDER@POINT, hang at that point of that order's handling until killed;\n"+
 		"POINT is claimed (the lease is held, no effect yet), applied (the effect is written, no Complete yet)\n"+
-		"or completed (the receipt is stored, no ack yet)")
+		"or completed (the receipt is stored, no ack yet); or republish (before its first retry copy is\n"+
+		"published), where it waits for SIGUSR1 instead")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix(fmt.Sprintf("consumer[%d] ", os.Getpid()))
@@ -98,8 +101,8 @@ func main() {
 	}
 	if hold != "" {
 		var ok bool
-		if s.hold.order, s.hold.point, ok = strings.Cut(hold, "@"); !ok || (s.hold.point != "claimed" && s.hold.point != "applied" && s.hold.point != "completed") {
-			log.Fatalf("-hold %q: want ORDER@claimed, ORDER@applied or ORDER@completed", hold)
+		if s.hold.order, s.hold.point, ok = strings.Cut(hold, "@"); !ok || (s.hold.point != "claimed" && s.hold.point != "applied" && s.hold.point != "completed" && s.hold.point != "republish") {
+			log.Fatalf("-hold %q: want ORDER@claimed, ORDER@applied, ORDER@completed or ORDER@republish", hold)
 		}
 	}
 	if err := run(ctx, s); err != nil {
@@ -115,9 +118,24 @@ type holdPoint struct{ order, point string }
 func (h holdPoint) at(order, point string) {
 	if h.order == order && h.point == point {
 		log.Printf("holding order=%s at=%s", order, point)
-		select {}
+		if point != "republish" {
+			select {}
+		}
+		// republish: once, until SIGUSR1 (the test changes the broker meanwhile).
+		if republishHeld {
+			return
+		}
+		republishHeld = true
+		resume := make(chan os.Signal, 1)
+		signal.Notify(resume, syscall.SIGUSR1)
+		<-resume
+		signal.Stop(resume)
+		log.Printf("resuming order=%s at=%s", order, point)
 	}
 }
+
+// republishHeld: the republish hold point was held once already.
+var republishHeld bool
 
 func run(ctx context.Context, s settings) error {
 	ledger, err := OpenLedger(s.ledgerDir)
@@ -149,7 +167,7 @@ func run(ctx context.Context, s settings) error {
 	}
 	// Retry and park copies go out on a channel in confirm mode: a copy is
 	// confirmed by the broker before the delivery is acked.
-	pub, err := newPublisher(conn)
+	pub, err := newPublisher(conn, s.confirmTimeout)
 	if err != nil {
 		return err
 	}
@@ -303,6 +321,7 @@ func (c *orderConsumer) retry(ctx context.Context, d amqp.Delivery, order string
 	}
 	target := RetryQueue(c.queue, c.retryDelays[attempt])
 	log.Printf("retry order=%s attempt=%d queue=%s: %v", order, attempt+1, target, cause)
+	c.hold.at(order, "republish")
 	c.republish(d, target, amqp.Table{headerRetryAttempt: int32(attempt + 1)})
 }
 
@@ -377,8 +396,8 @@ type publisher struct {
 	timeout  time.Duration
 }
 
-func newPublisher(conn *amqp.Connection) (*publisher, error) {
-	p := &publisher{conn: conn, timeout: 10 * time.Second}
+func newPublisher(conn *amqp.Connection, timeout time.Duration) (*publisher, error) {
+	p := &publisher{conn: conn, timeout: timeout}
 	return p, p.open()
 }
 
@@ -399,9 +418,12 @@ func (p *publisher) open() error {
 	return nil
 }
 
+// close drops the channel. Closing waits for the broker's close-ok, which
+// an unresponsive broker (the reason for a confirm timeout) never sends: it
+// is done in the background, and the next copy opens a new channel at once.
 func (p *publisher) close() {
 	if p.ch != nil {
-		p.ch.Close()
+		go p.ch.Close()
 		p.ch = nil
 	}
 }

@@ -1039,6 +1039,16 @@ func (r *privateRabbit) stop() {
 	r.cmd = nil
 }
 
+// ctl runs rabbitmqctl against the node (its name, its cookie in HOME).
+func (r *privateRabbit) ctl(args ...string) {
+	r.t.Helper()
+	cmd := exec.Command(filepath.Join(filepath.Dir(rabbitServerBin()), "rabbitmqctl"), append([]string{"-n", r.name}, args...)...)
+	cmd.Env = append(os.Environ(), "HOME="+r.dir, "ERL_EPMD_ADDRESS=127.0.0.1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		r.t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
 func (r *privateRabbit) log() string {
 	data, _ := os.ReadFile(filepath.Join(r.dir, "node.log"))
 	return string(data)
@@ -1116,4 +1126,61 @@ func TestOrderSurvivesABrokerRestart(t *testing.T) {
 	defer func() { t.Logf("consumer:\n%s", strings.Join(second.lines(), "\n")) }()
 	waitFor(t, "the order, after the restart", 30*time.Second, second, contains(second, `done order=o-restart replayed=false wrote=true token=1$`))
 	second.signal(syscall.SIGTERM)
+}
+
+// Issue 33, defect 3: after a confirm timeout the publisher opens a new
+// channel. On a RabbitMQ node of the test's own, the consumer (confirms
+// awaited 1 s) holds an order whose effect fails just before publishing its
+// retry copy; the test raises a memory alarm (vm_memory_high_watermark 0:
+// the broker stops reading from publishing connections), lets the consumer
+// publish (no confirm: the timeout), and clears the alarm. The next copies go
+// out on a new channel, so the order goes round the retry queues and is
+// parked as retries_exhausted. (Kept on the closed channel, every later copy
+// failed at once, each delivery was given back at once, and the order was
+// dead-lettered by the delivery limit within milliseconds: a storm.)
+func TestPublisherReopensAfterAConfirmTimeout(t *testing.T) {
+	server := idempotencytest.Start(t)
+	node := startPrivateRabbit(t)
+	dir := t.TempDir()
+	ledgerDir := filepath.Join(dir, "ledger")
+	queue := "orders-confirm"
+	run := startConsumer(t, dir, 1, "-amqp", node.url(), "-queue", queue, "-target", server.Target,
+		"-namespace", "examples/rabbitmq-go/confirm", "-ledger", ledgerDir, "-lease", "2s", "-wait", "7s",
+		"-retry-delays", testRetryDelaysFlag, "-delivery-limit", testDeliveryLimitArg,
+		"-confirm-timeout", "1s", "-hold", "o-conf@republish")
+	defer func() { t.Logf("consumer:\n%s", strings.Join(run.lines(), "\n")) }()
+	waitFor(t, "the consumer to start", 30*time.Second, run, contains(run, `ready queue=`))
+	if err := os.Rename(ledgerDir, ledgerDir+".offline"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ledgerDir, []byte("not a folder"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := dialBroker(t, node.url())
+	b.publish(t, queue, amqp.Publishing{Body: body("o-conf", 99)})
+	waitFor(t, "the consumer holding before its retry copy", 30*time.Second, run, contains(run, `holding order=o-conf at=republish$`))
+
+	node.ctl("set_vm_memory_high_watermark", "0")
+	if err := run.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the confirm timeout", 30*time.Second, run, contains(run, `no confirm from the broker for \S+ within 1s`))
+	node.ctl("set_vm_memory_high_watermark", "0.4")
+
+	waitFor(t, "the order parked as retries_exhausted", 30*time.Second, run, func() bool {
+		return contains(run, `park order=o-conf reason=retries_exhausted`)() || b.depth(t, ParkingQueue(queue)) > 0 &&
+			!contains(run, `park order=o-conf`)()
+	})
+	if !contains(run, `publisher: a new channel$`)() {
+		t.Error("no new channel after the confirm timeout")
+	}
+	if got := matching(run, `requeueing the delivery`); len(got) > 1 {
+		t.Errorf("%d deliveries given back for a failed publish, want at most 1 (the timed-out copy's):\n%s", len(got), strings.Join(got, "\n"))
+	}
+	waitFor(t, "the parked copy", 10*time.Second, run, func() bool { return b.depth(t, ParkingQueue(queue)) > 0 })
+	for _, d := range b.drain(t, ParkingQueue(queue)) {
+		if d.Headers[headerParkedReason] != "retries_exhausted" {
+			t.Errorf("parked: %v, want retries_exhausted (not the delivery limit)", d.Headers)
+		}
+	}
 }
