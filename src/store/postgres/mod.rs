@@ -64,7 +64,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 pub struct PostgresStore {
     /// The connections to the node DATABASE_URL names (the entry).
     connections: Arc<Connections>,
-    /// On Citus, the other nodes' connections (nodes.rs).
+    /// On Citus, each node's connections, for the statements sent where
+    /// their key lives (nodes.rs).
     nodes: Arc<nodes::Nodes>,
     /// Whether, on Citus, a key's statement goes straight to the node
     /// holding its shard (`StoreOptions::citus_direct`).
@@ -138,12 +139,14 @@ impl PostgresStore {
         let Some(map) = self.shards.current(self.pool()) else {
             return self.connections.clone();
         };
+        // A pool of its own for every node, the entry's included: the
+        // entry may be an address that reaches any worker (a load balancer).
         match map.group_of(key).and_then(|group| map.node(group)) {
-            Some(node) if !node.local => self.nodes.get(node, |node| {
+            Some(node) => self.nodes.get(node, |node| {
                 self.setup
                     .open(nodes::at_node(self.pool(), &node.host, node.port))
             }),
-            _ => self.connections.clone(),
+            None => self.connections.clone(),
         }
     }
 
@@ -986,11 +989,23 @@ impl Store for PostgresStore {
         stats_from_rows(&live, &summary)
     }
 
+    /// Every pool's together: the entry's and, on Citus, each node's and
+    /// the coordinator's.
     fn pool_status(&self) -> PoolStatus {
+        let mut pools = vec![self.connections.clone()];
+        pools.extend(self.nodes.all());
+        if let Some(home) = self.home_connections.get()
+            && !Arc::ptr_eq(home, &self.connections)
+        {
+            pools.push(home.clone());
+        }
         PoolStatus {
-            size: self.pool().size(),
-            idle: self.pool().num_idle() as u32 + self.connections.kept() as u32,
-            max: self.max_connections,
+            size: pools.iter().map(|c| c.pool.size()).sum(),
+            idle: pools
+                .iter()
+                .map(|c| c.pool.num_idle() as u32 + c.kept() as u32)
+                .sum(),
+            max: self.max_connections * pools.len() as u32,
             in_flight: self.budget.in_flight(),
         }
     }

@@ -28,12 +28,11 @@ pub(super) struct Node {
     pub group: i32,
     pub host: String,
     pub port: u16,
-    /// The entry itself: its statements stay on the entry's connections.
-    pub local: bool,
 }
 
-/// The pools of the node groups other than the entry's, opened when a key
-/// of theirs is first sent, and opened again when a group's address changes.
+/// A pool for each node group, the entry's included (the entry may be an
+/// address that reaches any of several nodes), opened when a key of theirs
+/// is first sent, and opened again when a group's address changes.
 #[derive(Default)]
 pub(super) struct Nodes {
     pools: RwLock<HashMap<i32, Opened>>,

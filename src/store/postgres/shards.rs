@@ -118,8 +118,8 @@ impl ShardMap {
 
     /// The map from the catalogue's rows: (shardminvalue, shardmaxvalue,
     /// groupid); rows that are not a hash range are left out. `nodes` are
-    /// (groupid, nodename, nodeport, local).
-    fn from_rows(rows: Vec<(String, String, i32)>, nodes: Vec<(i32, String, i32, bool)>) -> Self {
+    /// (groupid, nodename, nodeport).
+    fn from_rows(rows: Vec<(String, String, i32)>, nodes: Vec<(i32, String, i32)>) -> Self {
         let mut ranges: Vec<(i32, i32, i32)> = rows
             .into_iter()
             .filter_map(|(min, max, group)| Some((min.parse().ok()?, max.parse().ok()?, group)))
@@ -127,12 +127,11 @@ impl ShardMap {
         ranges.sort_unstable();
         let nodes = nodes
             .into_iter()
-            .filter_map(|(group, host, port, local)| {
+            .filter_map(|(group, host, port)| {
                 Some(Node {
                     group,
                     host,
                     port: u16::try_from(port).ok()?,
-                    local,
                 })
             })
             .collect();
@@ -240,9 +239,12 @@ mod tests {
                 ("-2147483648".into(), "-1".into(), 1),
                 ("0".into(), "2147483647".into(), 2),
             ],
-            vec![(1, "w1".into(), 5432, true), (2, "w2".into(), 5433, false)],
+            vec![(1, "w1".into(), 5432), (2, "w2".into(), 5433)],
         );
-        assert_eq!(map.node(2).map(|n| (n.port, n.local)), Some((5433, false)));
+        assert_eq!(
+            map.node(2).map(|n| (n.host.as_str(), n.port)),
+            Some(("w2", 5433))
+        );
         assert_eq!(map.node(3), None);
         let keys = ["a", "b", "c", "d", "e", "f"];
         let groups = group_by_worker(Some(&map), &[0, 1, 2, 3, 4, 5], |i| keys[i]);

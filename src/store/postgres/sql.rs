@@ -465,13 +465,10 @@ FROM pg_dist_shard AS s JOIN pg_dist_placement AS p USING (shardid)
 WHERE s.logicalrelid = 'idempotency_records'::regclass AND p.shardstate = 1
 GROUP BY s.shardminvalue, s.shardmaxvalue";
 
-/// The nodes that may take the service's statements: each node group's
-/// primary, and the group of the node asked (`pg_dist_local_group`), so
-/// that its own group's statements stay on the connection it already has.
+/// The nodes that take the service's statements: each node group's primary.
 pub(super) const CITUS_NODES: &str = "
-SELECT n.groupid, n.nodename, n.nodeport, (n.groupid = l.groupid) AS local
-FROM pg_dist_node AS n CROSS JOIN pg_dist_local_group AS l
-WHERE n.isactive AND n.noderole = 'primary'";
+SELECT groupid, nodename, nodeport FROM pg_dist_node
+WHERE isactive AND noderole = 'primary'";
 
 /// The coordinator's address, as the cluster's metadata has it (group 0,
 /// registered with `citus_set_coordinator_host`).
