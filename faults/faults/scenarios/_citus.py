@@ -33,6 +33,8 @@ class CitusScenario(Scenario):
     store = "postgres"
     own_database = True  # the Citus coordinator's
     replicas = 3
+    #: settings of every node over faults/infra/citus.py's
+    cluster_settings: Dict[str, object] = {}
 
     def __init__(self) -> None:
         self.cluster: Optional[citus.CitusCluster] = None
@@ -54,7 +56,7 @@ class CitusScenario(Scenario):
         swept = await asyncio.to_thread(citus.sweep)  # what a killed run left
         if swept:
             env.note("swept", swept)
-        self.cluster = citus.CitusCluster(workers=2, database="idempotency")
+        self.cluster = citus.CitusCluster(workers=2, database="idempotency", settings=self.cluster_settings)
         env.add_cleanup(lambda: self._remove(env))
         started = time.monotonic()
         await asyncio.to_thread(self.cluster.start)
