@@ -111,6 +111,7 @@ def test_in_progress_duplicate_without_wait_raises(layer, client, namespace):
     assert effect.runs == [("e-1", None)]
 
 
+@pytest.mark.postgres
 def test_concurrent_duplicate_waits_for_the_result(server, namespace):
     counting = Counting()
     with IdempotencyClient(server.target, interceptors=[counting]) as client:
@@ -277,6 +278,7 @@ def test_lost_lease_is_fenced(layer, client, namespace):
     assert client.get(namespace, key).response == b'{"fencing_token": 2}'
 
 
+@pytest.mark.postgres
 def test_lambda_handler_run_twice_concurrently_has_one_effect(server, namespace):
     """Two deliveries of one event at once, each on its own client as two
     Lambda instances would be: one runs, the other waits and replays."""
