@@ -14,6 +14,8 @@ Modules users import from:
                status's google.rpc details (reason, retry_delay, field)
   serializers  how once() stores results (JSON by default)
   testing      start a real server for tests
+  powertools   a persistence layer for Powertools for AWS Lambda's idempotency
+               utility (the `powertools` extra; not imported here)
 
 Where client, aio and once keep their code:
   _async/      the asyncio client and once() helper: the source
