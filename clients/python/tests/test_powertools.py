@@ -320,3 +320,25 @@ def test_lambda_handler_run_twice_concurrently_has_one_effect(server, namespace)
     assert results == [{"statusCode": 200, "charged": 1299, "fencing_token": 1}] * 2
     assert effect.runs == [("pay-9", 1)]
     assert ledger == {"pay-9": (1, 1299)}
+
+
+def test_readme_example_runs(server, namespace):
+    """The snippet of README.md's "Powertools for AWS Lambda", run as written
+    (its address and namespace pointed at the test's server)."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## Powertools for AWS Lambda\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"^```python\n(.*?)^```\n", section, re.M | re.S)
+    assert code.count('"dns:///idempotency.internal:50051"') == 1 and code.count('"payments"') == 1
+    code = code.replace('"dns:///idempotency.internal:50051"', repr(server.target))
+    code = code.replace('"payments"', repr(namespace))
+    charges = []
+    scope = {"charge": lambda detail, fencing_token: charges.append((detail["payment_id"], fencing_token))}
+    exec(compile(code, "README.md", "exec"), scope)
+    event = {"detail": {"payment_id": "pay-1", "amount": 500}}
+    assert scope["handler"](event, LambdaContext()) == {"statusCode": 200}
+    assert scope["handler"](event, LambdaContext()) == {"statusCode": 200}
+    assert charges == [("pay-1", 1)]
+    scope["persistence"].client.close()
