@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use crate::access;
 use crate::domain::{Key, Marker, Namespace, Purged, Record, RecordState};
 use crate::lifecycle::{Inspection, Lifecycle};
-use crate::store::{Store, StoreStats};
+use crate::store::{Operations, Store, StoreStats};
 
 fn state_name(state: Option<RecordState>) -> &'static str {
     match state {
@@ -138,7 +138,7 @@ pub async fn purge<S: Store>(
 }
 
 /// `stats`: records by state and namespace, the oldest, the reaper's lag.
-pub async fn stats<S: Store>(store: &S) -> anyhow::Result<String> {
+pub async fn stats<S: Operations>(store: &S) -> anyhow::Result<String> {
     Ok(describe_stats(&store.stats().await?))
 }
 

@@ -12,7 +12,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::grpc::SERVICE_NAME;
-use crate::store::Store;
+use crate::store::{Operations, Store};
 
 /// The health name that follows the process, not the store.
 pub const LIVENESS: &str = "liveness";
@@ -25,7 +25,7 @@ pub async fn set(reporter: &HealthReporter, status: ServingStatus) {
 
 /// Pings the store every `interval` until `stop`, reporting each change of
 /// state once in the log.
-pub async fn watch_store<S: Store>(
+pub async fn watch_store<S: Store + Operations>(
     store: S,
     reporter: HealthReporter,
     interval: Duration,

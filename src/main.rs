@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use idempotency_service::config::{Cli, Command, Config};
 use idempotency_service::lifecycle::Lifecycle;
-use idempotency_service::store::{AnyStore, Open, Store};
+use idempotency_service::store::{AnyStore, Open, Operations, Store};
 use idempotency_service::{admin, listen, metrics, server, telemetry};
 
 #[tokio::main]
@@ -80,7 +80,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// The operator's commands, printed to stdout.
-async fn operate<S: Store>(store: S, config: &Config, command: Command) -> anyhow::Result<()> {
+async fn operate<S: Store + Operations>(
+    store: S,
+    config: &Config,
+    command: Command,
+) -> anyhow::Result<()> {
     let lifecycle = Lifecycle::new(store.clone(), config.limits());
     let output = match command {
         Command::Get { namespace, key } => admin::get(&lifecycle, namespace, key).await,

@@ -22,7 +22,7 @@ use crate::domain::{Namespace, RecordState};
 use crate::error::Reason;
 use crate::listen;
 use crate::store::cache::CacheStats;
-use crate::store::{Reaped, Store, StoreStats};
+use crate::store::{Operations, Reaped, StoreStats};
 
 /// Seconds; from half a millisecond (a replay on a warm pool) to the
 /// database timeout.
@@ -444,7 +444,7 @@ fn record_cache(cache: &CacheStats) {
 
 /// Refreshes the pool gauges every few seconds and, when `records_every` is
 /// set, the records-by-state gauge (a full count: keep it slow on big tables).
-pub async fn watch_store<S: Store>(
+pub async fn watch_store<S: Operations>(
     store: S,
     records_every: Option<Duration>,
     stop: CancellationToken,

@@ -31,7 +31,7 @@ use crate::reload::Reloading;
 use crate::store::cache::Cached;
 use crate::store::coalesce::{CoalesceOptions, Coalesced};
 use crate::store::postgres::Engine;
-use crate::store::{AnyStore, Open, Store};
+use crate::store::{AnyStore, Open, Operations, Store};
 use crate::tls::{self, TlsConfig};
 
 /// Room above the largest response for the rest of a Complete request, so that
@@ -186,7 +186,7 @@ pub async fn run(
 }
 
 /// Serves a store behind the replay cache, unless its budget is zero.
-async fn serve_cached<S: Store>(
+async fn serve_cached<S: Store + Operations>(
     store: S,
     config: &Config,
     security: Security,
@@ -203,7 +203,7 @@ async fn serve_cached<S: Store>(
 
 /// Serves one store. Health starts NOT_SERVING and turns SERVING once the
 /// store answers a ping.
-async fn serve<S: Store>(
+async fn serve<S: Store + Operations>(
     store: S,
     config: &Config,
     security: Security,

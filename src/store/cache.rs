@@ -39,7 +39,7 @@ use std::time::{Duration, Instant, SystemTime};
 use quick_cache::{Equivalent, Weighter};
 use tokio::sync::mpsc;
 
-use super::{FirstClaim, PoolStatus, PurgeEvent, Reaped, Store, StoreStats};
+use super::{FirstClaim, Operations, PoolStatus, PurgeEvent, Reaped, Store, StoreStats};
 use crate::domain::{
     Completion, Key, Lease, LeaseToken, Namespace, NewLease, Purged, Record, RecordState, Snapshot,
 };
@@ -319,7 +319,7 @@ pub struct Cached<S> {
     cache: Arc<ReplayCache>,
 }
 
-impl<S: Store> Cached<S> {
+impl<S: Store + Operations> Cached<S> {
     /// Wraps `inner` with a cache of `budget` bytes, kept current by the
     /// store's purge feed; call inside the Tokio runtime. `None` when the
     /// store has no feed (SQLite: its reads are local anyway).
@@ -469,6 +469,12 @@ impl<S: Store> Store for Cached<S> {
         result
     }
 
+    async fn close(&self) {
+        self.inner.close().await;
+    }
+}
+
+impl<S: Store + Operations> Operations for Cached<S> {
     async fn stats(&self) -> Result<StoreStats, Error> {
         self.inner.stats().await
     }
@@ -493,10 +499,6 @@ impl<S: Store> Store for Cached<S> {
 
     async fn ping(&self) -> Result<(), Error> {
         self.inner.ping().await
-    }
-
-    async fn close(&self) {
-        self.inner.close().await;
     }
 }
 

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tracing::Instrument;
 
-use super::{FirstClaim, PoolStatus, Reaped, Store, StoreStats};
+use super::{FirstClaim, Operations, PoolStatus, Reaped, Store, StoreStats};
 use crate::domain::{Completion, Key, Lease, LeaseToken, Namespace, NewLease, Purged, Snapshot};
 use crate::error::Error;
 
@@ -380,6 +380,12 @@ impl<S: Store> Store for Coalesced<S> {
         self.inner.purge(namespace, key).await
     }
 
+    async fn close(&self) {
+        self.inner.close().await;
+    }
+}
+
+impl<S: Store + Operations> Operations for Coalesced<S> {
     async fn stats(&self) -> Result<StoreStats, Error> {
         self.inner.stats().await
     }
@@ -392,20 +398,16 @@ impl<S: Store> Store for Coalesced<S> {
         self.inner.pool_status()
     }
 
-    fn cache_stats(&self) -> Option<super::cache::CacheStats> {
-        self.inner.cache_stats()
-    }
-
     fn purge_feed(&self) -> Option<mpsc::Receiver<super::PurgeEvent>> {
         self.inner.purge_feed()
     }
 
-    async fn ping(&self) -> Result<(), Error> {
-        self.inner.ping().await
+    fn cache_stats(&self) -> Option<super::cache::CacheStats> {
+        self.inner.cache_stats()
     }
 
-    async fn close(&self) {
-        self.inner.close().await;
+    async fn ping(&self) -> Result<(), Error> {
+        self.inner.ping().await
     }
 }
 

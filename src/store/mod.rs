@@ -7,6 +7,10 @@
 //! serialised by the row lock, never by Rust code. Each store keeps its SQL and
 //! its migrations beside it; nothing above this module sees sqlx.
 //!
+//! Two traits: `Store`, the key's transitions the lifecycle is built from,
+//! and `Operations`, what operators and the layers above see besides (counts,
+//! connection pools, the cache's counters, the purge feed, health).
+//!
 //! Two decorators wrap a store without changing what it answers: `coalesce`
 //! sends concurrent single calls as one set-based statement per kind, and
 //! `cache` answers duplicate Claims of completed keys from memory, kept right
@@ -177,6 +181,14 @@ pub trait Store: Clone + Send + Sync + 'static {
         key: &Key,
     ) -> impl Future<Output = Result<Option<Purged>, Error>> + Send;
 
+    /// Closes the connections, waiting for those in use.
+    fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// What operators and the layers above see of a store besides its
+/// transitions: counts, connections, the cache's counters, the change feed
+/// and health (shared/STYLE.md: a trait says one thing).
+pub trait Operations: Clone + Send + Sync + 'static {
     /// Counts records by namespace and state, and how far behind the reaper is.
     /// A full scan: for operators, not for calls.
     fn stats(&self) -> impl Future<Output = Result<StoreStats, Error>> + Send;
@@ -200,9 +212,6 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Answers when the store is usable (for health).
     fn ping(&self) -> impl Future<Output = Result<(), Error>> + Send;
-
-    /// Closes the connections, waiting for those in use.
-    fn close(&self) -> impl Future<Output = ()> + Send;
 }
 
 /// What one batch of the reaper did.

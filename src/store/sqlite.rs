@@ -26,8 +26,8 @@ use sqlx::{ConnectOptions, Connection as _, Row};
 
 use super::cache::CacheStats;
 use super::{
-    Budget, FirstClaim, PoolStatus, PurgeEvent, Reaped, StateCount, Store, StoreOptions,
-    StoreStats, micros, one_by_one,
+    Budget, FirstClaim, Operations, PoolStatus, PurgeEvent, Reaped, StateCount, Store,
+    StoreOptions, StoreStats, micros, one_by_one,
 };
 use crate::domain::{
     Checkpoint, Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Purged,
@@ -526,6 +526,46 @@ impl Store for SqliteStore {
             .transpose()
     }
 
+    async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
+        one_by_one::claim_or_fetch(self, lease).await
+    }
+
+    async fn claim_or_fetch_many(&self, leases: &[NewLease]) -> Result<Vec<FirstClaim>, Error> {
+        one_by_one::claim_or_fetch_many(self, leases).await
+    }
+
+    async fn fetch_many(&self, keys: &[(Namespace, Key)]) -> Result<Vec<Snapshot>, Error> {
+        one_by_one::fetch_many(self, keys).await
+    }
+
+    async fn try_claim_many(&self, leases: &[NewLease]) -> Result<Vec<Option<Lease>>, Error> {
+        one_by_one::try_claim_many(self, leases).await
+    }
+
+    async fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> Result<Vec<Option<SystemTime>>, Error> {
+        one_by_one::complete_many(self, completions).await
+    }
+
+    /// A plain read: this process makes every change, and tells its waiters
+    /// itself.
+    async fn watch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
+        self.fetch(namespace, key).await
+    }
+
+    fn announces(&self) -> super::Announces {
+        super::Announces::InProcess
+    }
+
+    async fn close(&self) {
+        self.readers.close().await;
+        self.writer.close().await;
+    }
+}
+
+impl Operations for SqliteStore {
     async fn stats(&self) -> Result<StoreStats, Error> {
         let get = |e: sqlx::Error| Error::Internal(Box::new(e));
         let (now, rows, summary) = self
@@ -581,49 +621,6 @@ impl Store for SqliteStore {
         self.stats().await
     }
 
-    async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
-        one_by_one::claim_or_fetch(self, lease).await
-    }
-
-    async fn claim_or_fetch_many(&self, leases: &[NewLease]) -> Result<Vec<FirstClaim>, Error> {
-        one_by_one::claim_or_fetch_many(self, leases).await
-    }
-
-    async fn fetch_many(&self, keys: &[(Namespace, Key)]) -> Result<Vec<Snapshot>, Error> {
-        one_by_one::fetch_many(self, keys).await
-    }
-
-    async fn try_claim_many(&self, leases: &[NewLease]) -> Result<Vec<Option<Lease>>, Error> {
-        one_by_one::try_claim_many(self, leases).await
-    }
-
-    async fn complete_many(
-        &self,
-        completions: &[Completion],
-    ) -> Result<Vec<Option<SystemTime>>, Error> {
-        one_by_one::complete_many(self, completions).await
-    }
-
-    /// One process writes the file: nothing changes behind a cache's back,
-    /// and no cache sits in front of this store.
-    fn purge_feed(&self) -> Option<tokio::sync::mpsc::Receiver<PurgeEvent>> {
-        None
-    }
-
-    /// A plain read: this process makes every change, and tells its waiters
-    /// itself.
-    async fn watch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
-        self.fetch(namespace, key).await
-    }
-
-    fn announces(&self) -> super::Announces {
-        super::Announces::InProcess
-    }
-
-    fn cache_stats(&self) -> Option<CacheStats> {
-        None
-    }
-
     fn pool_status(&self) -> PoolStatus {
         // The writer's single connection and the readers, as one pool.
         PoolStatus {
@@ -632,6 +629,16 @@ impl Store for SqliteStore {
             max: self.max_readers + 1,
             in_flight: self.budget.in_flight(),
         }
+    }
+
+    /// One process writes the file: nothing changes behind a cache's back,
+    /// and no cache sits in front of this store.
+    fn purge_feed(&self) -> Option<tokio::sync::mpsc::Receiver<PurgeEvent>> {
+        None
+    }
+
+    fn cache_stats(&self) -> Option<CacheStats> {
+        None
     }
 
     /// Usable means: the file is still where it was opened, and readable.
@@ -649,10 +656,5 @@ impl Store for SqliteStore {
             )
             .await
             .map(|_| ())
-    }
-
-    async fn close(&self) {
-        self.readers.close().await;
-        self.writer.close().await;
     }
 }

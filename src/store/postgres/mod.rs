@@ -45,7 +45,8 @@ pub use self::shards::hashtext;
 use self::sql::*;
 use self::sqlstate::connection_lost;
 use super::{
-    Budget, FirstClaim, PoolStatus, PurgeEvent, Reaped, Store, StoreOptions, StoreStats, micros,
+    Budget, FirstClaim, Operations, PoolStatus, PurgeEvent, Reaped, Store, StoreOptions,
+    StoreStats, micros,
 };
 use crate::domain::{
     Completion, Fingerprint, Key, Lease, LeaseToken, Namespace, NewLease, Purged, RecordState,
@@ -932,6 +933,22 @@ impl Store for PostgresStore {
         Ok(purged)
     }
 
+    async fn close(&self) {
+        self.feed_stop.cancel();
+        self.connections.release_all();
+        self.pool().close().await;
+        for node in self.nodes.all() {
+            node.release_all();
+            node.pool.close().await;
+        }
+        if let Some(home) = self.home_connections.get() {
+            home.release_all();
+            home.pool.close().await;
+        }
+    }
+}
+
+impl Operations for PostgresStore {
     async fn stats(&self) -> Result<StoreStats, Error> {
         // Full counts: a sequential scan is the right plan here, so this
         // transaction turns the session's settings back to the defaults.
@@ -1010,6 +1027,17 @@ impl Store for PostgresStore {
         }
     }
 
+    /// The store's one feed (`feed`: a LISTEN connection and a connection
+    /// for heartbeats, both outside the pool), told to one more cache.
+    fn purge_feed(&self) -> Option<mpsc::Receiver<PurgeEvent>> {
+        Some(self.feed().subscribe())
+    }
+
+    /// No cache here: `cache::Cached` wraps this store.
+    fn cache_stats(&self) -> Option<super::cache::CacheStats> {
+        None
+    }
+
     /// Health's check. A connection-level failure here makes every
     /// connection opened before it suspect, so that the calls after the
     /// database comes back check theirs first.
@@ -1027,31 +1055,6 @@ impl Store for PostgresStore {
             })
             .await
             .map(|_| ())
-    }
-
-    /// The store's one feed (`feed`: a LISTEN connection and a connection
-    /// for heartbeats, both outside the pool), told to one more cache.
-    fn purge_feed(&self) -> Option<mpsc::Receiver<PurgeEvent>> {
-        Some(self.feed().subscribe())
-    }
-
-    /// No cache here: `cache::Cached` wraps this store.
-    fn cache_stats(&self) -> Option<super::cache::CacheStats> {
-        None
-    }
-
-    async fn close(&self) {
-        self.feed_stop.cancel();
-        self.connections.release_all();
-        self.pool().close().await;
-        for node in self.nodes.all() {
-            node.release_all();
-            node.pool.close().await;
-        }
-        if let Some(home) = self.home_connections.get() {
-            home.release_all();
-            home.pool.close().await;
-        }
     }
 }
 
