@@ -7,6 +7,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import {
   IdempotencyAlreadyInProgressError,
   IdempotencyConfig,
@@ -349,5 +351,41 @@ withServer("powertools concurrency", ["sqlite", "postgres"], (s) => {
     ]);
     assert.deepEqual(effects, [["pay-9", 1n]]);
     assert.deepEqual([...ledger], [["pay-9", { fencingToken: 1n, amount: 1299 }]]);
+  });
+});
+
+withServer("powertools readme", ["sqlite"], (s) => {
+  test("the README's Powertools snippet runs as written", async () => {
+    // The snippet of README.md's "Powertools for AWS Lambda", transpiled as
+    // written (its address and namespace pointed at the test's server).
+    const ts: typeof import("typescript") = require("typescript");
+    const readme = readFileSync(join(__dirname, "..", "..", "README.md"), "utf8");
+    const section = readme.split("## Powertools for AWS Lambda\n")[1].split("\n## ")[0];
+    const blocks = [...section.matchAll(/^```ts\n(.*?)^```\n/gms)].map((m) => m[1]);
+    assert.equal(blocks.length, 1);
+    let code = blocks[0];
+    assert.equal(code.split('"dns:///idempotency.internal:50051"').length, 2);
+    assert.equal(code.split('"payments"').length, 2);
+    const ns = s.namespace();
+    code = code.replace('"dns:///idempotency.internal:50051"', JSON.stringify(s.server.target));
+    code = code.replace('"payments"', JSON.stringify(ns));
+    const js = ts.transpileModule(code, { compilerOptions: { module: ts.ModuleKind.CommonJS, target: ts.ScriptTarget.ES2022 } }).outputText;
+    const charges: [string, bigint][] = [];
+    const charge = async (detail: { paymentId: string }, fencingToken: bigint) => void charges.push([detail.paymentId, fencingToken]);
+    const moduleRequire = (id: string) => require(id === "idempotency-client/powertools" ? "../src/powertools" : id);
+    const exports: {
+      handler?: (event: unknown, context: Context) => Promise<unknown>;
+      persistenceStore?: IdempotencyServicePersistenceLayer;
+    } = {};
+    // The snippet's layer makes its own client: hand it out to close it.
+    new Function("require", "exports", "charge", `${js}\nexports.persistenceStore = persistenceStore;`)(moduleRequire, exports, charge);
+    const event = { detail: { paymentId: "pay-1", amount: 500 } };
+    try {
+      assert.deepEqual(await exports.handler!(event, lambdaContext()), { statusCode: 200 });
+      assert.deepEqual(await exports.handler!(event, lambdaContext()), { statusCode: 200 });
+      assert.deepEqual(charges, [["pay-1", 1n]]);
+    } finally {
+      exports.persistenceStore?.client.close();
+    }
   });
 });
