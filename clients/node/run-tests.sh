@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Run the Node client's tests (node --test, after tsc) against a real
 # idempotency-service: the embedded store, and PostgreSQL for the suites
-# marked [postgres]. Run from anywhere.
+# marked [postgres]. Run from anywhere. setup.sh installs the dependencies
+# from package-lock.json (npm ci, into the gitignored node_modules), among
+# them the pinned @aws-lambda-powertools/idempotency that
+# test/powertools.test.ts runs idempotency-client/powertools against.
 #
 #   IDEMPOTENCY_BIN   the server binary (default: target/release/idempotency-service)
 #   IDEMPOTENCY_TEST_POSTGRES   PostgreSQL to create test databases on
