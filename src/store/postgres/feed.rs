@@ -372,8 +372,13 @@ impl Feed {
                         break found
                             .unwrap_or_else(|| feed.entry.connect_options().as_ref().clone());
                     }
+                    // A worker whose cluster names no coordinator: said
+                    // plainly, it will not mend by itself.
+                    Err(error @ sqlx::Error::Configuration(_)) => {
+                        tracing::warn!(%error, "the purge feed has no node to run on")
+                    }
                     Err(error) => {
-                        tracing::warn!(%error, "cannot find the node the purge feed runs on yet")
+                        tracing::debug!(%error, "cannot find the node the purge feed runs on yet")
                     }
                 }
                 tokio::select! {
