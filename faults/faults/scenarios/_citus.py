@@ -73,6 +73,14 @@ class CitusScenario(Scenario):
         env.note("shards_by_node", {self.node_name(port): n for port, n in shards.items()})
         return shards
 
+    def give_replicas(self, env: Env, nodes) -> None:
+        """Before the replicas start: replica i is given nodes[i mod len]
+        (its DATABASE_URL), noted as replicas_on."""
+        given = [nodes[i % len(nodes)] for i in range(self.replicas)]
+        for i, node in enumerate(given):
+            env.replica_envs[i] = {"DATABASE_URL": node.url(self.cluster.database) + "?sslmode=disable"}
+        env.note("replicas_on", [node.name for node in given])
+
     def node_name(self, port: int) -> str:
         return next((n.name for n in self.cluster.nodes if n.port == port), str(port)) if self.cluster else str(port)
 

@@ -45,11 +45,7 @@ class CitusCoordinatorStop(CitusScenario):
 
     async def prepare(self, env: Env) -> None:
         await super().prepare(env)
-        workers = self.cluster.workers
-        for i in range(self.replicas):
-            worker = workers[i % len(workers)]
-            env.replica_envs[i] = {"DATABASE_URL": worker.url(self.cluster.database) + "?sslmode=disable"}
-        env.note("replicas_on", [workers[i % len(workers)].name for i in range(self.replicas)])
+        self.give_replicas(env, self.cluster.workers)
 
     async def inject(self, env: Env) -> None:
         self._window = None

@@ -20,11 +20,7 @@ class CitusWorkerCrashDirect(CitusWorkerCrash):
 
     async def prepare(self, env: Env) -> None:
         await super().prepare(env)
-        nodes = self.cluster.workers + [self.cluster.coordinator]
-        for i in range(self.replicas):
-            node = nodes[i % len(nodes)]
-            env.replica_envs[i] = {"DATABASE_URL": node.url(self.cluster.database) + "?sslmode=disable"}
-        env.note("replicas_on", [nodes[i % len(nodes)].name for i in range(self.replicas)])
+        self.give_replicas(env, self.cluster.workers + [self.cluster.coordinator])
 
 
 SCENARIO = CitusWorkerCrashDirect()

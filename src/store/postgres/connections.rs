@@ -116,6 +116,23 @@ impl Connections {
     }
 }
 
+/// The connections a statement goes on: the entry's, borrowed from the
+/// store, or a Citus node's (nodes.rs), held for the statement.
+pub(super) enum Route<'a> {
+    Entry(&'a Connections),
+    Node(Arc<Connections>),
+}
+
+impl std::ops::Deref for Route<'_> {
+    type Target = Connections;
+    fn deref(&self) -> &Connections {
+        match self {
+            Self::Entry(connections) => connections,
+            Self::Node(connections) => connections,
+        }
+    }
+}
+
 /// A connection taken for one statement. Dropped without `keep`, it goes
 /// back to the pool, which tests it.
 pub(super) struct Held<'a> {
@@ -164,8 +181,8 @@ impl std::ops::DerefMut for Held<'_> {
 /// the call path is answered through the lifecycle, which reads what a
 /// repeat finds: a Claim finds its own lease token (a retried Claim), a
 /// Complete or Release finds its own token on the completed or released
-/// record, a read reads. `held!(once …)` sends it once (Purge, whose
-/// answer says whether it found a record).
+/// record, a read reads. `held!(once on connections, …)` sends it once
+/// (Purge, whose answer says whether it found a record).
 macro_rules! held {
     (once on $connections:expr, |$conn:ident| $statement:expr) => {
         async {
@@ -208,9 +225,6 @@ macro_rules! held {
                 }
             }
         }
-    };
-    (once $store:expr, |$conn:ident| $statement:expr) => {
-        held!(once on $store.connections, |$conn| $statement)
     };
     ($store:expr, |$conn:ident| $statement:expr) => {
         held!(on $store.connections, |$conn| $statement)

@@ -36,7 +36,7 @@ use time::OffsetDateTime;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use self::connections::{Connections, Suspicion, held};
+use self::connections::{Connections, Route, Suspicion, held};
 use self::rows::{
     LeaseArrays, PgQuery, by_key, distinct_in_key_order, first_claim_from_row, lease_from_row,
     purged_from, snapshot_from_row, stats_from_rows, system_time,
@@ -133,21 +133,22 @@ impl PostgresStore {
     /// The connections for a statement on `key`: on Citus, when calls go
     /// direct, those of the node holding the key's shard as the shard map
     /// has it; otherwise, and whenever the map cannot say, the entry's.
-    fn on_key(&self, key: &str) -> Arc<Connections> {
+    fn on_key(&self, key: &str) -> Route<'_> {
+        let entry = Route::Entry(&self.connections);
         if !self.direct || self.engine.get() != Some(Engine::Citus) {
-            return self.connections.clone();
+            return entry;
         }
         let Some(map) = self.shards.current(self.pool()) else {
-            return self.connections.clone();
+            return entry;
         };
         // A pool of its own for every node, the entry's included: the
         // entry may be an address that reaches any worker (a load balancer).
         match map.group_of(key).and_then(|group| map.node(group)) {
-            Some(node) => self.nodes.get(node, |node| {
+            Some(node) => Route::Node(self.nodes.get(node, |node| {
                 self.setup
                     .open(nodes::at_node(self.pool(), &node.host, node.port))
-            }),
-            None => self.connections.clone(),
+            })),
+            None => entry,
         }
     }
 
