@@ -460,10 +460,14 @@ func (p *publisher) publish(queue string, msg amqp.Publishing) error {
 				p.close()
 				return errors.New("the publishing channel closed")
 			}
-			// The return, if any, was dispatched before this confirm.
+			// The return, if any, was dispatched before this confirm. (A
+			// closed listener, the channel closing after the confirm, is no
+			// return: its zero value is not one.)
 			select {
-			case r := <-p.returns:
-				returned = &r
+			case r, ok := <-p.returns:
+				if ok {
+					returned = &r
+				}
 			default:
 			}
 			if returned != nil {
