@@ -165,9 +165,10 @@ func run(ctx context.Context, s settings) error {
 	if err := ch.Qos(1, 0, false); err != nil {
 		return err
 	}
-	// Retry and park copies go out on a channel in confirm mode: a copy is
-	// confirmed by the broker before the delivery is acked.
-	pub, err := newPublisher(conn, s.confirmTimeout)
+	// Retry and park copies go out on a channel in confirm mode, on a
+	// connection of their own: a copy is confirmed by the broker before the
+	// delivery is acked.
+	pub, err := newPublisher(s.amqpURL, s.confirmTimeout)
 	if err != nil {
 		return err
 	}
@@ -337,8 +338,11 @@ func (c *orderConsumer) park(d amqp.Delivery, order, reason, detail string) {
 
 // republish publishes a copy of the delivery (confirmed by the broker), then
 // acks the delivery. A crash between the two leaves two copies, which the
-// key makes harmless. If the publish fails, the delivery is nacked back into
-// its queue (it counts against the delivery limit): nothing is lost.
+// key makes harmless. If the publish fails, the delivery is rejected back
+// into its queue (it counts against the delivery limit): nothing is lost.
+// (After a broker restart the publisher's new connection may get the copy
+// out while the delivery, on the consumer's dead connection, can be neither
+// acked nor rejected: it comes back to the next consumer, a second copy.)
 func (c *orderConsumer) republish(d amqp.Delivery, queue string, extra amqp.Table) {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
@@ -385,63 +389,160 @@ func headerInt(h amqp.Table, name string) int {
 // publisher publishes with confirms, one message at a time (the consumer
 // handles one delivery at a time), mandatory: a copy that no queue takes (a
 // retry or parking queue deleted by hand) comes back as a basic.return and
-// is an error, never silently dropped while its delivery is acked. After a
-// confirm timeout or a closed channel it opens a new channel for the next
-// copy instead of failing every later one on the dead channel.
+// is an error (*returnedError), never silently dropped while its delivery is
+// acked.
+//
+// It has a connection of its own, as RabbitMQ advises: during a resource
+// alarm the broker stops reading from connections that publish, and a
+// consumer on the same connection could not ack meanwhile. After a confirm
+// timeout or a closed channel it opens a new channel for the next copy, and
+// after a closed connection (the broker restarted, the network cut) a new
+// connection, instead of failing every later copy on the dead one. While
+// the broker cannot be reached, a publish tries again after a backoff (100
+// ms, doubling up to 1 s, kept from one call to the next) and fails when its
+// time (the confirm timeout) is up: a caller that tries again at once makes
+// no storm of connection attempts, and every failed copy took that long.
+//
+// A copy whose channel closed before its confirm came is an error too: it may
+// be in the queue or not. Published again, it may be there twice, which the
+// key makes harmless; it is never reported as confirmed.
 type publisher struct {
+	url      string
+	timeout  time.Duration
 	conn     *amqp.Connection
 	ch       *amqp.Channel
 	confirms chan amqp.Confirmation
 	returns  chan amqp.Return
-	timeout  time.Duration
+	opened   bool          // a channel was opened before: the next one is logged
+	backoff  time.Duration // the wait after the last failed attempt to open
+	retryAt  time.Time     // no attempt to open before then
+	lastErr  error         // why the last attempt to open failed
 }
 
-func newPublisher(conn *amqp.Connection, timeout time.Duration) (*publisher, error) {
-	p := &publisher{conn: conn, timeout: timeout}
-	return p, p.open()
+// Backoff between attempts to open the publisher's connection and channel.
+const (
+	publisherMinBackoff = 100 * time.Millisecond
+	publisherMaxBackoff = time.Second
+)
+
+// newPublisher connects to the broker at url; each copy has timeout to be
+// confirmed (connecting again included).
+func newPublisher(url string, timeout time.Duration) (*publisher, error) {
+	p := &publisher{url: url, timeout: timeout}
+	if err := p.ready(time.Now().Add(timeout)); err != nil {
+		p.close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// returnedError: the broker returned a mandatory copy, which no queue took.
+type returnedError struct {
+	queue    string
+	returned amqp.Return
+}
+
+func (e *returnedError) Error() string {
+	return fmt.Sprintf("no queue took the copy for %s (returned: %d %s)", e.queue, e.returned.ReplyCode, e.returned.ReplyText)
+}
+
+// ready makes sure there is an open channel in confirm mode, opening a new
+// one (and a new connection, if that one is closed) as the backoff allows,
+// until the deadline.
+func (p *publisher) ready(deadline time.Time) error {
+	for p.ch == nil || p.ch.IsClosed() {
+		p.dropChannel()
+		if wait := time.Until(p.retryAt); wait > 0 {
+			if left := time.Until(deadline); wait > left {
+				time.Sleep(left)
+				return fmt.Errorf("no publishing channel within %s: %w", p.timeout, p.lastErr)
+			}
+			time.Sleep(wait)
+		}
+		if err := p.open(deadline); err != nil {
+			p.lastErr = err
+			if p.backoff *= 2; p.backoff < publisherMinBackoff {
+				p.backoff = publisherMinBackoff
+			} else if p.backoff > publisherMaxBackoff {
+				p.backoff = publisherMaxBackoff
+			}
+			p.retryAt = time.Now().Add(p.backoff)
+			log.Printf("publisher: %v (trying again in %s)", err, p.backoff)
+			continue
+		}
+		p.backoff, p.retryAt = 0, time.Time{}
+	}
+	return nil
 }
 
 // open opens the channel in confirm mode, with its confirm and return
-// listeners (one each for the channel's life: the library blocks on a full one).
-func (p *publisher) open() error {
+// listeners (one each for the channel's life: the library blocks on a full
+// one), on the connection, connecting first if it is closed.
+func (p *publisher) open(deadline time.Time) error {
+	if p.conn == nil || p.conn.IsClosed() {
+		p.conn = nil
+		dialTimeout := time.Until(deadline)
+		if dialTimeout < publisherMinBackoff {
+			dialTimeout = publisherMinBackoff
+		}
+		conn, err := amqp.DialConfig(p.url, amqp.Config{
+			Heartbeat: 10 * time.Second, Locale: "en_US", Dial: amqp.DefaultDial(dialTimeout),
+		})
+		if err != nil {
+			return fmt.Errorf("connecting: %w", err)
+		}
+		p.conn = conn
+		if p.opened {
+			log.Printf("publisher: a new connection")
+		}
+	}
 	ch, err := p.conn.Channel()
 	if err != nil {
-		return err
+		return fmt.Errorf("opening a channel: %w", err)
 	}
 	if err := ch.Confirm(false); err != nil {
-		ch.Close()
-		return err
+		go ch.Close()
+		return fmt.Errorf("confirm mode: %w", err)
 	}
 	p.ch = ch
 	p.returns = ch.NotifyReturn(make(chan amqp.Return, 1))
 	p.confirms = ch.NotifyPublish(make(chan amqp.Confirmation, 1))
+	if p.opened {
+		log.Printf("publisher: a new channel")
+	}
+	p.opened = true
 	return nil
 }
 
-// close drops the channel. Closing waits for the broker's close-ok, which
-// an unresponsive broker (the reason for a confirm timeout) never sends: it
-// is done in the background, and the next copy opens a new channel at once.
-func (p *publisher) close() {
+// dropChannel drops the channel. Closing waits for the broker's close-ok,
+// which an unresponsive broker (the reason for a confirm timeout) never
+// sends: it is done in the background, and the next copy opens a new channel
+// at once.
+func (p *publisher) dropChannel() {
 	if p.ch != nil {
 		go p.ch.Close()
 		p.ch = nil
 	}
 }
 
-func (p *publisher) publish(queue string, msg amqp.Publishing) error {
-	if p.ch == nil || p.ch.IsClosed() {
-		// The last copy timed out, or the channel closed: a new channel (if
-		// the connection is gone too, this fails, and so does the consumer).
-		p.close()
-		if err := p.open(); err != nil {
-			return fmt.Errorf("reopening the publishing channel: %w", err)
-		}
-		log.Printf("publisher: a new channel")
+// close closes the channel and the connection.
+func (p *publisher) close() {
+	p.dropChannel()
+	if p.conn != nil {
+		p.conn.Close()
+		p.conn = nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+}
+
+func (p *publisher) publish(queue string, msg amqp.Publishing) error {
+	deadline := time.Now().Add(p.timeout)
+	if err := p.ready(deadline); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if err := p.ch.PublishWithContext(ctx, "", queue, true, false, msg); err != nil {
-		p.close()
+		p.dropChannel()
 		return err
 	}
 	var returned *amqp.Return
@@ -450,15 +551,15 @@ func (p *publisher) publish(queue string, msg amqp.Publishing) error {
 		case r, ok := <-p.returns:
 			// RabbitMQ sends the return before the (positive) confirm.
 			if !ok {
-				p.close()
-				return errors.New("the publishing channel closed")
+				p.dropChannel()
+				return fmt.Errorf("the publishing channel closed before the confirm of the copy for %s", queue)
 			}
 			returned = &r
 			continue
 		case confirm, ok := <-p.confirms:
 			if !ok {
-				p.close()
-				return errors.New("the publishing channel closed")
+				p.dropChannel()
+				return fmt.Errorf("the publishing channel closed before the confirm of the copy for %s", queue)
 			}
 			// The return, if any, was dispatched before this confirm. (A
 			// closed listener, the channel closing after the confirm, is no
@@ -471,7 +572,7 @@ func (p *publisher) publish(queue string, msg amqp.Publishing) error {
 			default:
 			}
 			if returned != nil {
-				return fmt.Errorf("no queue took the copy for %s (returned: %d %s)", queue, returned.ReplyCode, returned.ReplyText)
+				return &returnedError{queue: queue, returned: *returned}
 			}
 			if !confirm.Ack {
 				return fmt.Errorf("the broker refused the copy for %s", queue)
@@ -480,7 +581,7 @@ func (p *publisher) publish(queue string, msg amqp.Publishing) error {
 		case <-ctx.Done():
 			// A confirm that comes later would be taken for the next copy's:
 			// drop this channel; the next copy opens a new one.
-			p.close()
+			p.dropChannel()
 			return fmt.Errorf("no confirm from the broker for %s within %s", queue, p.timeout)
 		}
 	}
