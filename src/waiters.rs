@@ -148,7 +148,6 @@ impl Waiters {
     pub fn must_poll(&self, announces: Announces) -> bool {
         match announces {
             Announces::InProcess => false,
-            Announces::Nothing => true,
             Announces::Feed => !self.feed_fresh(),
         }
     }

@@ -89,7 +89,10 @@ async fn completed_and_read_everywhere(clients: &[Client], key: &str, response: 
 /// Asserts that every replica answers `key` from memory: the stored result
 /// is rewritten with triggers off (so no notification), and each replica
 /// still replays `response`; then the stored result is put back with
-/// triggers on (what a replica read meanwhile is forgotten).
+/// triggers on (what a replica read meanwhile is forgotten). On Citus the
+/// trigger runs on the node holding the key: the setting that turns it off
+/// goes there with the statement (`citus.propagate_set_commands`, a
+/// placeholder that plain PostgreSQL keeps and ignores).
 async fn held_in_memory_everywhere(
     store: &StoreFixture,
     servers: &[TestServer],
@@ -98,7 +101,7 @@ async fn held_in_memory_everywhere(
 ) {
     let mut restore = sql(store).await;
     let mut sql = sql(store).await;
-    sqlx::query("SET session_replication_role = replica")
+    sqlx::query("SET citus.propagate_set_commands = 'local'")
         .execute(&mut sql)
         .await
         .unwrap();
@@ -106,13 +109,19 @@ async fn held_in_memory_everywhere(
     for (i, server) in servers.iter().enumerate() {
         let deadline = Instant::now() + FRESHNESS;
         loop {
+            let mut unannounced = sql.begin().await.unwrap();
+            sqlx::query("SET LOCAL session_replication_role = replica")
+                .execute(&mut *unannounced)
+                .await
+                .unwrap();
             sqlx::query(rewrite)
                 .bind(&b"rewritten"[..])
                 .bind(NS)
                 .bind(key)
-                .execute(&mut sql)
+                .execute(&mut *unannounced)
                 .await
                 .unwrap();
+            unannounced.commit().await.unwrap();
             let replay = claim(&mut server.client.clone(), NS, key).await;
             sqlx::query(rewrite)
                 .bind(response)
@@ -587,4 +596,77 @@ async fn a_listener_cut_silently_stops_the_cache_and_is_replaced() {
         "b's cache answered again {:?} after its listener was silenced",
         cut_at.elapsed()
     );
+}
+
+/// A Claim that waits on one replica hears the holder's Complete on another
+/// through the feed, not by reading the key again every 500 ms: on plain
+/// PostgreSQL (issue 23), and on Citus (issue 31), where the trigger that
+/// announces it runs on the node holding the key, which every replica's
+/// feed listens on. Two processes with their metrics: the waiting one reads
+/// the key when its waiter joins and once more when woken, never to poll,
+/// although the holder works for longer than two polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_another_replicas_complete_without_polling() {
+    use common::process::{ServerProcess, free_port, scrape};
+    let store = StoreFixture::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let mut servers = Vec::new();
+    for port in ports {
+        let mut command = store_command(&store, dir.path());
+        command.env("IDEMPOTENCY_METRICS_ADDR", format!("127.0.0.1:{port}"));
+        servers.push(ServerProcess::start(command).await);
+    }
+    let metric = |port: u16, name: &'static str| async move {
+        scrape(port).await.get(name).copied().unwrap_or(0.0)
+    };
+    for port in ports {
+        let fresh = eventually(Duration::from_secs(20), || async move {
+            (metric(port, "idempotency_wait_feed_fresh").await == 1.0).then_some(())
+        })
+        .await;
+        assert!(fresh.is_some(), "the feed of :{port} never caught up");
+    }
+    let holder = claim(&mut servers[0].client(), NS, "evt_woken").await;
+    assert_eq!(outcome(&holder), Outcome::Claimed);
+    let mut waiting_client = servers[1].client();
+    let waiter = tokio::spawn(async move {
+        let mut request = claim_request(NS, "evt_woken");
+        request.wait = Some(prost_types::Duration::try_from(Duration::from_secs(20)).unwrap());
+        waiting_client.claim(request).await.unwrap().into_inner()
+    });
+    let joined = eventually(Duration::from_secs(10), || async {
+        (metric(ports[1], "idempotency_waiters").await == 1.0).then_some(())
+    })
+    .await;
+    assert!(joined.is_some(), "the waiter never waited");
+    // The holder's work: longer than two of the 500 ms polls a replica that
+    // cannot hear the Complete would make.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    complete(
+        &mut servers[0].client(),
+        NS,
+        "evt_woken",
+        &holder.lease_token,
+        b"done",
+    )
+    .await;
+    let answer = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter never answered")
+        .unwrap();
+    assert_eq!(outcome(&answer), Outcome::Completed, "{answer:?}");
+    assert_eq!(answer.response, b"done");
+    let reads = scrape(ports[1]).await;
+    let read = |cause: &str| {
+        reads
+            .get(&format!(
+                "idempotency_wait_reads_total{{cause=\"{cause}\"}}"
+            ))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(read("poll"), 0.0, "{reads:?}");
+    assert_eq!(read("joined"), 1.0, "{reads:?}");
+    assert_eq!(read("woken"), 1.0, "{reads:?}");
 }

@@ -248,15 +248,13 @@ pub enum FirstClaim {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Announces {
     /// On the purge feed: every replica's Complete and Release of a watched
-    /// key, and every purge (plain PostgreSQL). While the feed is not known
+    /// key, and every purge (PostgreSQL, and Citus, whose every node the
+    /// feed listens on). While the feed is not known
     /// to be caught up, waiters read again at a bounded interval.
     Feed,
     /// Only this process writes the records (SQLite): what this process does
     /// is all there is to hear.
     InProcess,
-    /// Other processes' changes are not announced (Citus, whose triggers run
-    /// on the workers): waiters read again at a bounded interval.
-    Nothing,
 }
 
 /// What a store's purge feed tells.

@@ -142,16 +142,22 @@ impl StoreFixture {
         }
     }
 
+    /// The URL the next server of this store is given: `database_url`, or
+    /// with TEST_CITUS_SPREAD=1 the next node of `spread`.
+    pub fn next_database_url(&self) -> Option<String> {
+        if self.spread.is_empty() {
+            return self.database_url.clone();
+        }
+        let next = self
+            .next_node
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(self.spread[next % self.spread.len()].clone())
+    }
+
     /// A configuration pointing at this store, on an ephemeral loopback port.
     pub fn config(&self) -> Config {
         let mut config = Config::defaults();
-        config.database_url = self.database_url.clone();
-        if !self.spread.is_empty() {
-            let next = self
-                .next_node
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            config.database_url = Some(self.spread[next % self.spread.len()].clone());
-        }
+        config.database_url = self.next_database_url();
         config.data_dir = self.data_dir.clone();
         config.listen_addr = "127.0.0.1:0".parse().unwrap();
         config.health_check_interval = Duration::from_millis(200);

@@ -46,7 +46,7 @@ pub fn command(dir: &Path) -> Command {
 /// SQLite data directory.
 pub fn store_command(store: &StoreFixture, dir: &Path) -> Command {
     let mut command = command(dir);
-    match &store.database_url {
+    match &store.next_database_url() {
         Some(url) => command.env("DATABASE_URL", url),
         None => command.env("IDEMPOTENCY_DATA_DIR", &store.data_dir),
     };

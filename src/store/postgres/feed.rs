@@ -22,6 +22,15 @@
 //! have another (the `notifier`), so that no job of the pool's can delay
 //! them. Why a Purge that waits as [`Feed::settle`] does is never followed
 //! by a replay of what it purged is written in the README (the replay cache).
+//!
+//! On Citus a NOTIFY reaches only the listeners of the node it is sent on,
+//! and a row's triggers run on the node holding it. So the feed listens,
+//! and sends its heartbeats, on the coordinator (the home) and on every
+//! other node group's primary of `pg_dist_node`, read every [`NODES_EVERY`];
+//! it is caught up only to the earliest heartbeat back among all of them. A
+//! Purge runs on the node holding its key, with that node's clock, and is
+//! heard and acknowledged there; the replicas it waits for are those heard
+//! there or at the home within [`BOUND`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,7 +41,8 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::nodes::Home;
+use super::nodes::{Home, at_node};
+use super::sql::{CITUS_NODES, CITUS_VERSION};
 use crate::domain::{Key, Namespace};
 use crate::error::Error;
 use crate::store::cache::FRESHNESS;
@@ -57,10 +67,11 @@ WHERE c.oid = 'idempotency_records'::regclass";
 /// replica listening on the channel ($3): the key plainly, and the key with
 /// the purge's name ($4, `p:<purger>:<seq>:`), which replicas acknowledge.
 /// Lengths count characters, which conversion to the client's encoding
-/// (UTF-8) keeps, where bytes would not. The statement names the table
-/// once and notifies in the same transaction, so it announces itself on a
-/// database where triggers cannot (Citus workers), and an identical
-/// notification from the trigger in the same transaction is delivered once.
+/// (UTF-8) keeps, where bytes would not. The statement notifies in its own
+/// transaction, on the node it runs on (on Citus, the one holding the key,
+/// whose clock then decides the purge as it decides the key's Claims); an
+/// identical notification from the trigger in the same transaction is
+/// delivered once.
 pub(super) const PURGE: &str = "
 WITH purged AS (
     UPDATE idempotency_records AS r
@@ -88,6 +99,10 @@ pub(super) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
 /// How often a replica sends itself a heartbeat on the purges channel.
 pub(super) const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// How often, on Citus, the feed reads which nodes the cluster has, to
+/// listen on the ones that joined.
+pub(super) const NODES_EVERY: Duration = Duration::from_secs(1);
 
 /// How long the listener waits for its own heartbeat before it takes its
 /// connection for dead (a half-open socket says nothing) and opens another.
@@ -210,14 +225,55 @@ impl Waiting {
     }
 }
 
+/// A node the feed listens and sends heartbeats on: the home (where Purge
+/// and its acknowledgements go), and on Citus every other node group's
+/// primary, where the triggers of the keys' shards announce their changes.
+struct Listened {
+    /// Host and port, as `pg_dist_node` (or the home's options) give them.
+    address: Address,
+    /// Whether this is the home (the coordinator on Citus), which the
+    /// replicas heard there are counted from for every node's purges.
+    home: bool,
+    options: PgConnectOptions,
+    /// Stops this node's listener when the node leaves the cluster (a child
+    /// of the feed's own).
+    stop: CancellationToken,
+    /// The heartbeats' (and, at the home, the acknowledgements') connection.
+    notifier: Mutex<PgPool>,
+}
+
+/// A node's address: host and port.
+type Address = (String, u16);
+
 #[derive(Default)]
 struct Heard {
-    /// When the current listener's LISTEN took effect; `None` while there is
-    /// none.
-    listening_since: Option<Instant>,
-    /// When each replica's latest heartbeat arrived here.
-    replicas: HashMap<u64, Instant>,
+    /// When each node's current listener's LISTEN took effect; absent while
+    /// it has none.
+    listening_since: HashMap<Address, Instant>,
+    /// When each replica's latest heartbeat (with a cache) arrived, on each
+    /// node.
+    replicas: HashMap<Address, HashMap<u64, Instant>>,
+    /// Which node is the home.
+    home: Option<Address>,
     waiting: HashMap<u64, Waiting>,
+    /// For each node listened on, when this replica's latest heartbeat
+    /// (with a cache) that came back there was sent; `None` until one has,
+    /// and again from the moment its listener is lost. The feed is caught
+    /// up to the earliest of them, and only when every node has one.
+    caught_up: HashMap<Address, Option<Duration>>,
+}
+
+impl Heard {
+    /// When every notification committed on every node listened on, before
+    /// then, has been heard.
+    fn caught_up(&self) -> Option<Duration> {
+        let mut earliest: Option<Duration> = None;
+        for sent in self.caught_up.values() {
+            let sent = (*sent)?;
+            earliest = Some(earliest.map_or(sent, |e| e.min(sent)));
+        }
+        earliest
+    }
 }
 
 /// One store's feed: started at the first purge or subscription, then
@@ -226,21 +282,22 @@ pub(super) struct Feed {
     replica: u64,
     /// The origin of the heartbeats' timestamps.
     base: Instant,
-    /// The store's entry pool, which finds the home.
+    /// The store's entry pool, which finds the home and the nodes.
     entry: PgPool,
-    /// Where the feed listens and notifies: the home node (the coordinator,
-    /// on Citus, whichever node the entry is), so that every replica hears
-    /// every other's heartbeats, purges and acknowledgements.
+    /// The home node (the coordinator, on Citus, whichever node the entry
+    /// is), listened on whatever else is.
     home: Arc<Home>,
-    /// The home's connection options, set once found, before the feed's
-    /// tasks start.
-    options: OnceLock<PgConnectOptions>,
     budget: Budget,
     stop: CancellationToken,
     channel: tokio::sync::OnceCell<String>,
     started: AtomicBool,
     next_purge: AtomicU64,
     heard: Mutex<Heard>,
+    /// The nodes listened on, the home first.
+    nodes: Mutex<Vec<Arc<Listened>>>,
+    /// Held while a node's state changes and the caches are told, so that
+    /// a `Lost` and a `CaughtUp` computed before it reach them in order.
+    telling: tokio::sync::Mutex<()>,
     subscribers: Mutex<Vec<mpsc::Sender<PurgeEvent>>>,
 }
 
@@ -261,13 +318,14 @@ pub(super) fn feed<'a>(
             base: Instant::now(),
             entry: pool.clone(),
             home: home.clone(),
-            options: OnceLock::new(),
             budget: budget.clone(),
             stop: stop.clone(),
             channel: tokio::sync::OnceCell::new(),
             started: AtomicBool::new(false),
             next_purge: AtomicU64::new(0),
             heard: Mutex::default(),
+            nodes: Mutex::default(),
+            telling: tokio::sync::Mutex::new(()),
             subscribers: Mutex::default(),
         })
     })
@@ -309,9 +367,18 @@ impl Purge<'_> {
     }
 }
 
+/// Acknowledgements to send, each on the node its purge was heard on, once
+/// the caches have applied what came before it.
+type Ack = (Vec<Arc<Notify>>, String, Arc<Listened>);
+type Acks = mpsc::UnboundedSender<Ack>;
+
 impl Feed {
     fn heard(&self) -> std::sync::MutexGuard<'_, Heard> {
         self.heard.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn nodes(&self) -> Vec<Arc<Listened>> {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// A feed of the events for one replay cache.
@@ -356,9 +423,10 @@ impl Feed {
         })
     }
 
-    /// Finds the home (asked again, with a growing pause, until the entry
-    /// answers), then starts the listener, the heartbeats and the
-    /// acknowledgements there.
+    /// Finds the home and, on Citus, the other nodes (asked again, with a
+    /// growing pause, until the entry answers), then starts the listeners,
+    /// the heartbeats and the acknowledgements, and on Citus follows the
+    /// nodes as they join and leave.
     fn start(self: &Arc<Self>) {
         if self.started.swap(true, Ordering::AcqRel) {
             return;
@@ -366,11 +434,18 @@ impl Feed {
         let feed = self.clone();
         tokio::spawn(async move {
             let mut pause = Duration::from_millis(100);
-            let options = loop {
-                match feed.home.options(&feed.entry).await {
-                    Ok(found) => {
-                        break found
-                            .unwrap_or_else(|| feed.entry.connect_options().as_ref().clone());
+            let (home, others) = loop {
+                let found = async {
+                    let home = feed.home.options(&feed.entry).await?;
+                    let others = feed.others().await?;
+                    Ok::<_, sqlx::Error>((home, others))
+                };
+                match found.await {
+                    Ok((home, others)) => {
+                        break (
+                            home.unwrap_or_else(|| feed.entry.connect_options().as_ref().clone()),
+                            others,
+                        );
                     }
                     // A worker whose cluster names no coordinator: said
                     // plainly, it will not mend by itself.
@@ -378,7 +453,7 @@ impl Feed {
                         tracing::warn!(%error, "the purge feed has no node to run on")
                     }
                     Err(error) => {
-                        tracing::debug!(%error, "cannot find the node the purge feed runs on yet")
+                        tracing::debug!(%error, "cannot find the nodes the purge feed runs on yet")
                     }
                 }
                 tokio::select! {
@@ -387,21 +462,121 @@ impl Feed {
                 }
                 pause = (pause * 2).min(Duration::from_secs(5));
             };
-            let _ = feed.options.set(options);
             let (acks, queue) = mpsc::unbounded_channel();
-            let notifier = Arc::new(Mutex::new(own_pool(feed.options(), feed.budget.timeout())));
-            tokio::spawn(feed.clone().listen(acks));
-            tokio::spawn(feed.clone().send_heartbeats(notifier.clone()));
-            tokio::spawn(feed.send_acks(queue, notifier));
+            let address = (home.get_host().to_owned(), home.get_port());
+            feed.heard().home = Some(address.clone());
+            feed.add(address, home, true, &acks).await;
+            tokio::spawn(feed.clone().send_acks(queue));
+            let Some(others) = others else {
+                // Plain PostgreSQL: the home is every node there is.
+                return feed.send_heartbeats().await;
+            };
+            feed.follow_nodes(others, &acks, false).await;
+            tokio::spawn(feed.clone().send_heartbeats());
+            let mut every = tokio::time::interval(NODES_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = feed.stop.cancelled() => return,
+                    _ = every.tick() => {}
+                }
+                match feed.others().await {
+                    Ok(Some(others)) => feed.follow_nodes(others, &acks, true).await,
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::debug!(%error, "cannot read the cluster's nodes; listening on the ones known")
+                    }
+                }
+            }
         });
     }
 
-    /// The home's connection options (set before the tasks that use them
-    /// start).
-    fn options(&self) -> &PgConnectOptions {
-        self.options
-            .get()
-            .expect("the feed's tasks start once its home is found")
+    /// On Citus, every node group's primary but the coordinator's (the
+    /// home), as `pg_dist_node` has them; `None` on plain PostgreSQL.
+    async fn others(&self) -> Result<Option<Vec<Address>>, sqlx::Error> {
+        let mut connection = self.entry.acquire().await?;
+        let citus: Option<String> = sqlx::query_scalar(CITUS_VERSION)
+            .fetch_optional(&mut *connection)
+            .await?;
+        if citus.is_none() {
+            return Ok(None);
+        }
+        let rows: Vec<(i32, String, i32)> = sqlx::query_as(CITUS_NODES)
+            .fetch_all(&mut *connection)
+            .await?;
+        Ok(Some(
+            rows.into_iter()
+                .filter(|(group, _, _)| *group != 0)
+                .filter_map(|(_, host, port)| Some((host, u16::try_from(port).ok()?)))
+                .collect(),
+        ))
+    }
+
+    /// Listens on the nodes of `others` not listened on yet, and stops
+    /// listening on those no longer among them. A node joining `late`
+    /// (after the first reading) may have changed keys before its listener
+    /// began: the caches forget everything, and are vouched for again only
+    /// once every node, the new one included, has carried a heartbeat.
+    async fn follow_nodes(self: &Arc<Self>, others: Vec<Address>, acks: &Acks, late: bool) {
+        let known = self.nodes();
+        for gone in known
+            .iter()
+            .filter(|node| !node.home && !others.contains(&node.address))
+        {
+            tracing::info!(host = %gone.address.0, port = gone.address.1, "a node left the cluster; the purge feed stops listening on it");
+            gone.stop.cancel();
+            let _telling = self.telling.lock().await;
+            self.nodes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|node| node.address != gone.address || node.home);
+            {
+                let mut heard = self.heard();
+                heard.caught_up.remove(&gone.address);
+                heard.replicas.remove(&gone.address);
+            }
+        }
+        for address in others {
+            if known.iter().any(|node| node.address == address) {
+                continue;
+            }
+            if late {
+                tracing::info!(host = %address.0, port = address.1, "a node joined the cluster; the purge feed listens on it too");
+            }
+            let options = at_node(&self.entry, &address.0, address.1);
+            self.add(address, options, false, acks).await;
+            if late {
+                let _telling = self.telling.lock().await;
+                self.tell(|| PurgeEvent::Lost).await;
+            }
+        }
+    }
+
+    /// Starts listening on a node, not caught up there yet.
+    async fn add(
+        self: &Arc<Self>,
+        address: Address,
+        options: PgConnectOptions,
+        home: bool,
+        acks: &Acks,
+    ) -> Arc<Listened> {
+        let node = Arc::new(Listened {
+            notifier: Mutex::new(own_pool(&options, self.budget.timeout())),
+            address,
+            home,
+            options,
+            stop: self.stop.child_token(),
+        });
+        {
+            let _telling = self.telling.lock().await;
+            self.heard().caught_up.insert(node.address.clone(), None);
+            self.nodes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(node.clone());
+        }
+        tokio::spawn(self.clone().listen(node.clone(), acks.clone()));
+        node
     }
 
     /// Hands an event to every cache.
@@ -416,15 +591,15 @@ impl Feed {
         }
     }
 
-    /// The listening side: keeps a LISTEN connection, applies what it hears,
-    /// says `Lost` whenever the connection fails or goes quiet, then
-    /// connects again with a growing pause.
-    async fn listen(self: Arc<Self>, acks: mpsc::UnboundedSender<(Vec<Arc<Notify>>, String)>) {
+    /// The listening side of one node: keeps a LISTEN connection, applies
+    /// what it hears, says `Lost` whenever the connection fails or goes
+    /// quiet, then connects again with a growing pause.
+    async fn listen(self: Arc<Self>, node: Arc<Listened>, acks: Acks) {
         let mut pause = Duration::from_millis(100);
         loop {
             // A new pool each time: a dropped listener's connection may hang
             // in its UNLISTEN, and must not be the next listener's.
-            let pool = own_pool(self.options(), self.budget.timeout());
+            let pool = own_pool(&node.options, self.budget.timeout());
             let connect = tokio::time::timeout(self.budget.timeout(), async {
                 let mut listener = PgListener::connect_with(&pool).await?;
                 listener.ignore_pool_close_event(true);
@@ -433,31 +608,35 @@ impl Feed {
                 Ok::<_, sqlx::Error>(listener)
             });
             let listener = tokio::select! {
-                () = self.stop.cancelled() => return,
+                () = node.stop.cancelled() => return,
                 listener = connect => listener,
             };
             match listener {
                 Ok(Ok(mut listener)) => {
                     pause = Duration::from_millis(100);
                     let since = Instant::now();
-                    self.heard().listening_since = Some(since);
+                    self.heard()
+                        .listening_since
+                        .insert(node.address.clone(), since);
                     let mut own_heard = since;
                     loop {
                         let quiet = tokio::time::Instant::from_std(own_heard + WATCHDOG);
                         let received = tokio::select! {
-                            () = self.stop.cancelled() => return,
+                            () = node.stop.cancelled() => return,
                             received = tokio::time::timeout_at(quiet, listener.try_recv()) => received,
                         };
                         let payload = match received {
                             Ok(Ok(Some(notification))) => notification.payload().to_owned(),
                             Ok(Ok(None) | Err(_)) => {
                                 tracing::warn!(
+                                    host = %node.address.0, port = node.address.1,
                                     "lost the connection that listens for purges; reconnecting"
                                 );
                                 break;
                             }
                             Err(_) => {
                                 tracing::warn!(
+                                    host = %node.address.0, port = node.address.1,
                                     quiet_for = ?WATCHDOG,
                                     "the connection that listens for purges heard none of this replica's heartbeats; replacing it"
                                 );
@@ -469,25 +648,35 @@ impl Feed {
                         {
                             own_heard = Instant::now();
                         }
-                        self.hear(&payload, &acks).await;
+                        self.hear(&node, &payload, &acks).await;
                     }
                 }
                 Ok(Err(error)) => tracing::debug!(%error, "cannot listen for purges yet"),
                 Err(_) => tracing::debug!("cannot listen for purges yet: timed out"),
             }
-            self.heard().listening_since = None;
-            self.tell(|| PurgeEvent::Lost).await;
+            {
+                let _telling = self.telling.lock().await;
+                {
+                    let mut heard = self.heard();
+                    heard.listening_since.remove(&node.address);
+                    if let Some(sent) = heard.caught_up.get_mut(&node.address) {
+                        *sent = None;
+                    }
+                }
+                self.tell(|| PurgeEvent::Lost).await;
+            }
             drop(pool);
             tokio::select! {
-                () = self.stop.cancelled() => return,
+                () = node.stop.cancelled() => return,
                 () = tokio::time::sleep(pause) => {}
             }
             pause = (pause * 2).min(Duration::from_secs(5));
         }
     }
 
-    /// Applies one notification, in the order the channel delivered it.
-    async fn hear(&self, payload: &str, acks: &mpsc::UnboundedSender<(Vec<Arc<Notify>>, String)>) {
+    /// Applies one notification heard on `node`, in the order the node's
+    /// channel delivered it.
+    async fn hear(&self, node: &Arc<Listened>, payload: &str, acks: &Acks) {
         let Some(notice) = notice(payload) else {
             return;
         };
@@ -501,17 +690,28 @@ impl Feed {
                 let now = Instant::now();
                 {
                     let mut heard = self.heard();
+                    let replicas = heard.replicas.entry(node.address.clone()).or_default();
                     if cached {
-                        heard.replicas.insert(from, now);
+                        replicas.insert(from, now);
                     }
                     if from == self.replica {
-                        heard.replicas.retain(|_, at| *at + BOUND * 2 > now);
+                        replicas.retain(|_, at| *at + BOUND * 2 > now);
                     }
                 }
                 // A heartbeat sent before a cache subscribed vouches for
                 // nothing: no purge waited for its sender.
                 if from == self.replica && cached {
-                    self.tell(|| PurgeEvent::CaughtUp(self.base + sent)).await;
+                    let _telling = self.telling.lock().await;
+                    let caught_up = {
+                        let mut heard = self.heard();
+                        if let Some(at) = heard.caught_up.get_mut(&node.address) {
+                            *at = Some(at.map_or(sent, |at| at.max(sent)));
+                        }
+                        heard.caught_up()
+                    };
+                    if let Some(sent) = caught_up {
+                        self.tell(|| PurgeEvent::CaughtUp(self.base + sent)).await;
+                    }
                 }
             }
             Notice::Purged {
@@ -521,7 +721,7 @@ impl Feed {
                 key,
             } => {
                 if purger == self.replica {
-                    self.roster(seq);
+                    self.roster(seq, &node.address);
                 }
                 self.tell(|| PurgeEvent::Purged(namespace.clone(), key.clone()))
                     .await;
@@ -533,7 +733,7 @@ impl Feed {
                 })
                 .await;
                 let ack = format!("ack:{purger:x}:{seq}:{:x}", self.replica);
-                let _ = acks.send((applied, ack));
+                let _ = acks.send((applied, ack, node.clone()));
             }
             Notice::Ack { purger, seq, from } => {
                 if purger == self.replica {
@@ -547,20 +747,27 @@ impl Feed {
         }
     }
 
-    /// This replica's purge `seq` has just been heard here: every
-    /// notification committed before it has been too. The replicas heard
+    /// This replica's purge `seq` has just been heard on the node at
+    /// `address`, the one it ran on: every notification committed there
+    /// before it has been too. The replicas heard there, or at the home,
     /// within [`BOUND`] before now are the ones that may still answer from
-    /// memory; if this listener was not listening through all of that
-    /// window, it may have missed one, and the purge waits the bound.
-    fn roster(&self, seq: u64) {
+    /// memory (one heard at the home but not there, not listening there yet,
+    /// never acknowledges, and the purge waits the bound); if this listener
+    /// was not listening through all of that window, it may have missed one,
+    /// and the purge waits the bound.
+    fn roster(&self, seq: u64, address: &Address) {
         let now = Instant::now();
         let mut heard = self.heard();
         let whole_window = heard
             .listening_since
-            .is_some_and(|since| since + BOUND <= now);
-        let roster: HashSet<u64> = heard
-            .replicas
-            .iter()
+            .get(address)
+            .is_some_and(|since| *since + BOUND <= now);
+        let mut nodes = vec![address];
+        nodes.extend(heard.home.as_ref().filter(|home| *home != address));
+        let roster: HashSet<u64> = nodes
+            .into_iter()
+            .filter_map(|node| heard.replicas.get(node))
+            .flatten()
             .filter(|&(_, &at)| at + BOUND >= now)
             .map(|(&replica, _)| replica)
             .collect();
@@ -570,10 +777,14 @@ impl Feed {
         }
     }
 
-    /// Sends a notification through the notifier's connection; a failed one
-    /// replaces that connection for the next.
-    async fn notify(&self, notifier: &Mutex<PgPool>, operation: &'static str, payload: String) {
-        let pool = notifier.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    /// Sends a notification through a node's notifier connection; a failed
+    /// one replaces that connection for the next.
+    async fn notify(&self, node: &Listened, operation: &'static str, payload: String) {
+        let pool = node
+            .notifier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let sent = self
             .budget
             .run(operation, async {
@@ -586,14 +797,14 @@ impl Feed {
             })
             .await;
         if sent.is_err() {
-            *notifier.lock().unwrap_or_else(|e| e.into_inner()) =
-                own_pool(self.options(), self.budget.timeout());
+            *node.notifier.lock().unwrap_or_else(|e| e.into_inner()) =
+                own_pool(&node.options, self.budget.timeout());
         }
     }
 
-    /// One heartbeat every second, carrying when it was sent. A failed one
-    /// only lets the cache's freshness lapse.
-    async fn send_heartbeats(self: Arc<Self>, notifier: Arc<Mutex<PgPool>>) {
+    /// One heartbeat every second on every node, carrying when it was
+    /// sent. A failed one only lets the cache's freshness lapse.
+    async fn send_heartbeats(self: Arc<Self>) {
         let mut every = tokio::time::interval(HEARTBEAT_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -611,19 +822,21 @@ impl Feed {
             let kind = if cached { "hb" } else { "hq" };
             let sent = self.base.elapsed().as_micros();
             let payload = format!("{kind}:{:x}:{sent}", self.replica);
-            self.notify(&notifier, "heartbeat", payload).await;
+            let nodes = self.nodes();
+            futures_util::future::join_all(
+                nodes
+                    .iter()
+                    .map(|node| self.notify(node, "heartbeat", payload.clone())),
+            )
+            .await;
         }
     }
 
     /// Acknowledges each purge heard, once every cache here has forgotten
-    /// its key.
-    async fn send_acks(
-        self: Arc<Self>,
-        mut queue: mpsc::UnboundedReceiver<(Vec<Arc<Notify>>, String)>,
-        notifier: Arc<Mutex<PgPool>>,
-    ) {
+    /// its key, on the node it was heard on.
+    async fn send_acks(self: Arc<Self>, mut queue: mpsc::UnboundedReceiver<Ack>) {
         loop {
-            let (applied, ack) = tokio::select! {
+            let (applied, ack, node) = tokio::select! {
                 () = self.stop.cancelled() => return,
                 next = queue.recv() => match next {
                     Some(next) => next,
@@ -633,7 +846,7 @@ impl Feed {
             for notify in applied {
                 notify.notified().await;
             }
-            self.notify(&notifier, "purge_ack", ack).await;
+            self.notify(&node, "purge_ack", ack).await;
         }
     }
 }

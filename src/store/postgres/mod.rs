@@ -71,9 +71,9 @@ pub struct PostgresStore {
     /// Whether, on Citus, a key's statement goes straight to the node
     /// holding its shard (`StoreOptions::citus_direct`).
     direct: bool,
-    /// Where migrations, Purge and the purge feed go (the coordinator).
+    /// Where migrations go, and the purge feed listens first (the
+    /// coordinator).
     home: Arc<nodes::Home>,
-    home_connections: Arc<tokio::sync::OnceCell<Arc<Connections>>>,
     /// How a pool is opened, for the other nodes'.
     setup: Setup,
     /// Plain PostgreSQL or Citus, as the connections found.
@@ -118,7 +118,6 @@ impl PostgresStore {
             nodes: Arc::default(),
             direct: options.citus_direct && !options.citus_statements,
             home: Arc::default(),
-            home_connections: Arc::default(),
             setup,
             engine,
             max_connections: options.pool_size + 1,
@@ -150,24 +149,6 @@ impl PostgresStore {
             })),
             None => entry,
         }
-    }
-
-    /// The home's connections (the coordinator's on Citus; the entry's when
-    /// it is the coordinator, or plain PostgreSQL).
-    async fn home(&self) -> Result<Arc<Connections>, Error> {
-        self.home_connections
-            .get_or_try_init(|| async {
-                let found = self
-                    .budget
-                    .run("connect", self.home.options(self.pool()))
-                    .await?;
-                Ok(match found {
-                    None => self.connections.clone(),
-                    Some(options) => Arc::new(self.setup.open(options)),
-                })
-            })
-            .await
-            .cloned()
     }
 
     /// A batch's items (`order`, positions in key order) in the groups its
@@ -589,13 +570,9 @@ impl Store for PostgresStore {
         snapshot_from_row(&row)
     }
 
-    /// WATCH on plain PostgreSQL (read again, up to [`WATCH_READS`] times,
-    /// when the mark met a row changed under it); FETCH on Citus, where no
-    /// trigger announces the change.
+    /// WATCH, on the node holding the key (read again, up to
+    /// [`WATCH_READS`] times, when the mark met a row changed under it).
     async fn watch(&self, namespace: &Namespace, key: &Key) -> Result<Snapshot, Error> {
-        if self.engine().await? == Engine::Citus {
-            return self.fetch(namespace, key).await;
-        }
         let mut reads = 0;
         loop {
             reads += 1;
@@ -603,7 +580,7 @@ impl Store for PostgresStore {
                 .budget
                 .run(
                     "watch",
-                    held!(self, |conn| sqlx::query(WATCH)
+                    held!(on self.on_key(key.as_str()), |conn| sqlx::query(self.sql().watch)
                         .bind(namespace.as_str())
                         .bind(key.as_str())
                         .fetch_one(conn)),
@@ -627,10 +604,7 @@ impl Store for PostgresStore {
     }
 
     fn announces(&self) -> super::Announces {
-        match self.engine.get() {
-            Some(Engine::Citus) => super::Announces::Nothing,
-            _ => super::Announces::Feed,
-        }
+        super::Announces::Feed
     }
 
     async fn try_claim(&self, lease: &NewLease) -> Result<Option<Lease>, Error> {
@@ -911,15 +885,15 @@ impl Store for PostgresStore {
     /// Returns once no replica's replay cache can answer with what was
     /// purged (`feed`: each acknowledged it, or the bound has passed).
     async fn purge(&self, namespace: &Namespace, key: &Key) -> Result<Option<Purged>, Error> {
-        // On the home node, whose listeners every replica's feed is on.
-        let home = self.home().await?;
+        // On the node holding the key (on Citus; every replica's feed
+        // listens there too), whose clock decides its Claims.
         let feed = self.feed();
         let purge = feed.purge(self.pool()).await?;
         let state: Option<i16> = self
             .budget
             .run(
                 "purge",
-                held!(once on home, |conn| sqlx::query_scalar(self.sql().purge)
+                held!(once on self.on_key(key.as_str()), |conn| sqlx::query_scalar(self.sql().purge)
                     .bind(namespace.as_str())
                     .bind(key.as_str())
                     .bind(&purge.channel)
@@ -941,10 +915,6 @@ impl Store for PostgresStore {
         for node in self.nodes.all() {
             node.release_all();
             node.pool.close().await;
-        }
-        if let Some(home) = self.home_connections.get() {
-            home.release_all();
-            home.pool.close().await;
         }
     }
 }
@@ -1007,16 +977,10 @@ impl Operations for PostgresStore {
         stats_from_rows(&live, &summary)
     }
 
-    /// Every pool's together: the entry's and, on Citus, each node's and
-    /// the coordinator's.
+    /// Every pool's together: the entry's and, on Citus, each node's.
     fn pool_status(&self) -> PoolStatus {
         let mut pools = vec![self.connections.clone()];
         pools.extend(self.nodes.all());
-        if let Some(home) = self.home_connections.get()
-            && !Arc::ptr_eq(home, &self.connections)
-        {
-            pools.push(home.clone());
-        }
         PoolStatus {
             size: pools.iter().map(|c| c.pool.size()).sum(),
             idle: pools

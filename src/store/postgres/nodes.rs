@@ -4,9 +4,9 @@
 //!   statement, and each batch's group, goes straight to the node holding the
 //!   key's shard and runs there with local execution, without a hop through
 //!   the entry (docs/scaling.md, "Calls from any node");
-//! - the coordinator (the home), where the migrations, Purge and the purge
-//!   feed go wherever the entry is, so that every replica hears every purge
-//!   on one node whichever node it was given.
+//! - the coordinator (the home), where the migrations go wherever the entry
+//!   is, and which the purge feed listens on besides every other node
+//!   (feed.rs).
 //!
 //! Which group holds a key, and each group's address, come from the shard
 //! map (shards.rs). The map only decides where a statement is sent, never
@@ -83,12 +83,12 @@ impl Nodes {
 
 /// Why a store whose entry is a Citus worker has no home.
 const NO_COORDINATOR: &str = "DATABASE_URL names a Citus worker, and the cluster's metadata \
-     (pg_dist_node) has no coordinator to run migrations, Purge and the purge feed on: register \
+     (pg_dist_node) has no coordinator to run the migrations on and listen on: register \
      it on the coordinator with SELECT citus_set_coordinator_host('<host>', <port>) (see \
      docs/scaling.md, \"Calls from any node\")";
 
-/// Where the migrations, Purge and the purge feed go: the coordinator,
-/// found once from the entry.
+/// Where the migrations go, and the node the purge feed always listens on:
+/// the coordinator, found once from the entry.
 #[derive(Default)]
 pub(super) struct Home {
     /// `None`: the entry is the home (plain PostgreSQL, or the coordinator).

@@ -406,6 +406,9 @@ pub(super) const SESSION_SETTINGS: [(&str, &str); 3] = [
 pub(super) struct Statements {
     pub fetch: &'static str,
     pub fetch_many: &'static str,
+    /// WATCH: FETCH that marks a live, in-progress row `watched`, with
+    /// `watched` (marked before) and `marked` (by this statement).
+    pub watch: &'static str,
     pub claim_or_fetch: &'static str,
     pub claim_or_fetch_many: &'static str,
     pub try_claim_many: &'static str,
@@ -425,6 +428,7 @@ pub(super) struct Statements {
 pub(super) const ON_POSTGRES: Statements = Statements {
     fetch: FETCH,
     fetch_many: FETCH_MANY,
+    watch: WATCH,
     claim_or_fetch: CLAIM_OR_FETCH,
     claim_or_fetch_many: CLAIM_OR_FETCH_MANY,
     try_claim_many: TRY_CLAIM_MANY,
@@ -438,6 +442,7 @@ pub(super) const ON_POSTGRES: Statements = Statements {
 pub(super) const ON_CITUS: Statements = Statements {
     fetch: "SELECT * FROM idempotency_fetch($1, $2)",
     fetch_many: "SELECT * FROM idempotency_routed_fetch($1, $2, $3)",
+    watch: "SELECT * FROM idempotency_watch($1, $2)",
     claim_or_fetch: "SELECT * FROM idempotency_claim_or_fetch($1, $2, $3, $4, $5, $6)",
     claim_or_fetch_many: "
 SELECT * FROM idempotency_routed_claim_or_fetch($1, $2, $3, $4, $5, $6, $7)",
