@@ -138,6 +138,9 @@ class Postgres:
         self.port = port or free_port(self.host)
         self.name = name
         self.settings = dict(settings or {})
+        #: extra environment of the server (LD_PRELOAD and FAKETIME, for a
+        #: node off the real clock: infra/clock.py preload_env)
+        self.environment: dict = {}
         self.dir = pathlib.Path(base) if base else pathlib.Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{name}-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.data = self.dir / "data"
@@ -173,6 +176,8 @@ class Postgres:
         self._mkdirs()
         cmd = [str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", self._options(), "start"]
         cmd[1:1] = ["-w", "-t", "60"] if wait else ["-W"]
+        if self.environment:
+            cmd = ["env", *(f"{k}={v}" for k, v in self.environment.items()), *cmd]
         result = run(as_postgres(cmd), check=False, timeout=90)
         if result.returncode != 0:
             raise RuntimeError(f"PostgreSQL {self.name} did not start: {self.tail()}")
