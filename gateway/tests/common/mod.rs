@@ -1,0 +1,507 @@
+//! The real parts the gateway's tests run: an upstream HTTP app that counts
+//! its effects (in this process, on a free port), the idempotency service's
+//! binary (on SQLite or on a fresh PostgreSQL schema), the gateway's binary
+//! with a config file written per test, and a reqwest client.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use idempotency_proto::v1::GetRequest;
+use idempotency_proto::v1::idempotency_service_client::IdempotencyServiceClient;
+use tempfile::TempDir;
+
+pub const GATEWAY: &str = env!("CARGO_BIN_EXE_idempotency-gateway");
+
+/// Waits for `condition` with a deadline; fails the test when it passes.
+pub async fn eventually(what: &str, within: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !condition() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ---------------------------------------------------------------- upstream
+
+/// What the upstream saw.
+#[derive(Default)]
+pub struct Seen {
+    /// Effects per path.
+    pub effects: HashMap<String, u64>,
+    /// (path, forwarded key header, fencing token header) per request.
+    pub requests: Vec<(String, Option<String>, Option<String>)>,
+}
+
+#[derive(Default)]
+pub struct UpstreamState {
+    pub seen: Mutex<Seen>,
+    /// Requests to /flaky answered 500 before it succeeds.
+    pub fail_next: AtomicU32,
+    /// Requests that have started (before any delay).
+    pub started: AtomicU32,
+}
+
+pub struct TestUpstream {
+    pub addr: SocketAddr,
+    pub state: Arc<UpstreamState>,
+}
+
+impl TestUpstream {
+    pub fn effects(&self, path: &str) -> u64 {
+        self.state
+            .seen
+            .lock()
+            .unwrap()
+            .effects
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn requests(&self) -> Vec<(String, Option<String>, Option<String>)> {
+        self.state.seen.lock().unwrap().requests.clone()
+    }
+
+    /// The app, on a free port, HTTP/1.1 and h2c. Its routes:
+    /// - `POST /charges` (and any other POST): an effect; 201 with a JSON
+    ///   body naming the effect's number and the fencing token, `Location`,
+    ///   `Set-Cookie`; `x-delay-ms` delays the answer, `x-status` sets it;
+    /// - `POST /flaky`: an effect; 500 while `fail_next` lasts, else 201;
+    /// - `POST /big`: an effect; 200 with `x-size` bytes of body;
+    /// - `GET /hello`: 200 `hello`, no effect.
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(UpstreamState::default());
+        let shared = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = shared.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |request| {
+                        let state = state.clone();
+                        async move { Ok::<_, Infallible>(handle(state, request).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, state }
+    }
+}
+
+fn header(request: &Request<Incoming>, name: &str) -> Option<String> {
+    request
+        .headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+async fn handle(state: Arc<UpstreamState>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = request.uri().path().to_owned();
+    if request.method() == http::Method::GET {
+        let mut response = Response::new(Full::new(Bytes::from_static(b"hello")));
+        if let Some(ff) = header(&request, "x-forwarded-for") {
+            response
+                .headers_mut()
+                .insert("x-saw-forwarded-for", ff.parse().unwrap());
+        }
+        return response;
+    }
+    state.started.fetch_add(1, Ordering::SeqCst);
+    let delay = header(&request, "x-delay-ms").map_or(0, |d| d.parse().unwrap());
+    let status = header(&request, "x-status").map_or(201, |s| s.parse().unwrap());
+    let size: usize = header(&request, "x-size").map_or(0, |s| s.parse().unwrap());
+    let key = header(&request, "idempotency-key");
+    let fencing = header(&request, "idempotency-fencing-token");
+    let _body = request.into_body().collect().await.unwrap().to_bytes();
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    let number = {
+        let mut seen = state.seen.lock().unwrap();
+        seen.requests.push((path.clone(), key, fencing.clone()));
+        let count = seen.effects.entry(path.clone()).or_default();
+        *count += 1;
+        *count
+    };
+    let (status, body) = match path.as_str() {
+        "/flaky"
+            if state
+                .fail_next
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok() =>
+        {
+            (500, "{\"error\":\"try again\"}".to_owned())
+        }
+        "/big" => (200, "x".repeat(size)),
+        _ => (
+            status,
+            format!(
+                "{{\"effect\":{number},\"fencing_token\":{}}}",
+                fencing.unwrap_or("null".into())
+            ),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = StatusCode::from_u16(status).unwrap();
+    let headers = response.headers_mut();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    headers.insert("location", format!("{path}/{number}").parse().unwrap());
+    headers.insert("set-cookie", format!("session={number}").parse().unwrap());
+    headers.insert("x-not-replayed", "1".parse().unwrap());
+    response
+}
+
+// ----------------------------------------------------------------- service
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    Sqlite,
+    Postgres,
+}
+
+fn service_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("IDEMPOTENCY_BIN") {
+        return PathBuf::from(path);
+    }
+    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target");
+    for profile in ["release", "debug"] {
+        let path = target.join(profile).join("idempotency-service");
+        if path.exists() {
+            return path;
+        }
+    }
+    panic!("build the service first (cargo build --release), or set IDEMPOTENCY_BIN");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A fresh schema in the `idempotency_test` database (made with psql).
+fn postgres_url() -> String {
+    let admin = std::env::var("TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let psql = |url: &str, sql: &str| {
+        Command::new("psql")
+            .args([url, "-qc", sql])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("psql (PostgreSQL must run on 127.0.0.1:5432, see README)")
+    };
+    // Several tests race to create it: losing is fine.
+    let _ = psql(&admin, "CREATE DATABASE idempotency_test");
+    let (head, query) = admin
+        .split_once('?')
+        .map_or((admin.as_str(), None), |(h, q)| (h, Some(q)));
+    let base = format!("{}/idempotency_test", &head[..head.rfind('/').unwrap()]);
+    let schema = format!("gw_{:016x}", rand::random::<u64>());
+    assert!(
+        psql(&base, &format!("CREATE SCHEMA {schema}")).success(),
+        "create the schema"
+    );
+    let options = format!("options=-c%20search_path%3D{schema}");
+    match query {
+        Some(q) => format!("{base}?{q}&{options}"),
+        None => format!("{base}?{options}"),
+    }
+}
+
+pub struct ServiceProcess {
+    pub child: Child,
+    pub port: u16,
+    _dir: TempDir,
+}
+
+impl ServiceProcess {
+    pub async fn start(store: Store) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut command = Command::new(service_binary());
+        for (name, _) in std::env::vars() {
+            if name.starts_with("DATABASE_URL") || name.starts_with("IDEMPOTENCY_") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .current_dir(dir.path())
+            .env("IDEMPOTENCY_LISTEN_ADDR", format!("127.0.0.1:{port}"))
+            .env("IDEMPOTENCY_METRICS_ADDR", "")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null());
+        match store {
+            Store::Sqlite => command.env("IDEMPOTENCY_DATA_DIR", dir.path().join("data")),
+            Store::Postgres => command.env("DATABASE_URL", postgres_url()),
+        };
+        let child = command.spawn().expect("start the idempotency service");
+        let service = Self {
+            child,
+            port,
+            _dir: dir,
+        };
+        service.wait_ready().await;
+        service
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(mut client) = IdempotencyServiceClient::connect(self.url()).await {
+                let request = GetRequest {
+                    namespace: "ready".into(),
+                    key: "ready".into(),
+                };
+                if client.get(request).await.is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the service did not answer within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ----------------------------------------------------------------- gateway
+
+pub struct GatewayProcess {
+    pub child: Child,
+    pub url: String,
+    pub admin: String,
+    _dir: TempDir,
+}
+
+/// The routes every test has; `extra` is appended (more routes).
+pub fn config(upstream: SocketAddr, service: &str, extra: &str) -> String {
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+upstream = "http://{upstream}"
+service = "{service}"
+shutdown_timeout = "2s"
+
+[identity]
+header = "x-api-key"
+
+[[route]]
+method = "POST"
+path = "/charges"
+namespace = "charges"
+lease_ttl = "3s"
+wait = "10s"
+
+[[route]]
+method = "POST"
+path = "/flaky"
+namespace = "flaky"
+
+[[route]]
+method = "POST"
+path = "/big"
+namespace = "big"
+max_stored_bytes = 4096
+
+[[route]]
+method = "POST"
+path = "/optional"
+namespace = "optional"
+key = "optional"
+
+[[route]]
+method = "POST"
+path = "/impatient"
+namespace = "impatient"
+wait = "200ms"
+{extra}
+"#
+    )
+}
+
+impl GatewayProcess {
+    pub fn start(config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut child = Command::new(GATEWAY)
+            .arg("--config")
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the gateway");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let mut url = None;
+        let mut admin = None;
+        while url.is_none() || admin.is_none() {
+            let line = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the gateway said where it listens within 10 s");
+            if let Some(rest) = line.strip_prefix("listening on ") {
+                url = Some(rest.to_owned());
+            } else if let Some(rest) = line.strip_prefix("admin on ") {
+                admin = Some(rest.to_owned());
+            }
+        }
+        Self {
+            child,
+            url: url.unwrap(),
+            admin: admin.unwrap(),
+            _dir: dir,
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The whole rig: upstream, service, gateway, and a client.
+pub struct Rig {
+    pub upstream: TestUpstream,
+    pub service: ServiceProcess,
+    pub gateway: GatewayProcess,
+    pub client: reqwest::Client,
+}
+
+impl Rig {
+    pub async fn start(store: Store) -> Self {
+        Self::with_routes(store, "").await
+    }
+
+    pub async fn with_routes(store: Store, extra: &str) -> Self {
+        let upstream = TestUpstream::start().await;
+        let service = ServiceProcess::start(store).await;
+        let gateway = GatewayProcess::start(&config(upstream.addr, &service.url(), extra));
+        Self {
+            upstream,
+            service,
+            gateway,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    /// A POST to `path` with the key (as an sf-string) and the API key.
+    pub fn post(&self, path: &str, key: Option<&str>, api_key: &str) -> reqwest::RequestBuilder {
+        let mut request = self
+            .client
+            .post(format!("{}{path}", self.gateway.url))
+            .header("x-api-key", api_key)
+            .header("content-type", "application/json")
+            .body(r#"{"amount":100}"#);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", format!("\"{key}\""));
+        }
+        request
+    }
+}
+
+/// A response read whole: what the tests compare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub location: Option<String>,
+    pub replayed: Option<String>,
+    pub retry_after: Option<String>,
+    pub set_cookie: Option<String>,
+    pub body: String,
+}
+
+impl Answer {
+    pub async fn of(response: reqwest::Response) -> Self {
+        let h = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        let (content_type, location, replayed, retry_after, set_cookie) = (
+            h("content-type"),
+            h("location"),
+            h("idempotent-replayed"),
+            h("retry-after"),
+            h("set-cookie"),
+        );
+        Self {
+            status: response.status().as_u16(),
+            content_type,
+            location,
+            replayed,
+            retry_after,
+            set_cookie,
+            body: response.text().await.unwrap(),
+        }
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+
+    /// The answer without what only the first one has or lacks.
+    pub fn as_replayed(&self) -> Self {
+        Self {
+            replayed: Some("true".into()),
+            set_cookie: None,
+            ..self.clone()
+        }
+    }
+}

@@ -1,0 +1,632 @@
+//! The gateway end to end: a real upstream that counts its effects, the
+//! real gateway and idempotency-service binaries, and a real HTTP client.
+//! Each test asserts exact outcomes: statuses, bodies, headers, and how
+//! many times the upstream's effect ran.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Answer, Rig, Store, eventually};
+
+fn problem_type(answer: &Answer) -> String {
+    assert_eq!(
+        answer.content_type.as_deref(),
+        Some("application/problem+json")
+    );
+    answer.json()["type"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_missing_key_is_400_and_runs_nothing() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let answer = Answer::of(rig.post("/charges", None, "tenant-a").send().await.unwrap()).await;
+    assert_eq!(answer.status, 400);
+    assert_eq!(
+        problem_type(&answer),
+        "tag:idempotency-gateway,2026:problem/idempotency-key-missing"
+    );
+    assert_eq!(rig.upstream.effects("/charges"), 0);
+}
+
+#[tokio::test]
+async fn a_key_that_is_not_one_sf_string_of_at_most_255_characters_is_400() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let too_long = format!("\"{}\"", "k".repeat(256));
+    for value in [
+        "abc",
+        "\"\"",
+        "42",
+        "\"unterminated",
+        too_long.as_str(),
+        "\"a\", \"b\"",
+    ] {
+        let response = rig
+            .post("/charges", None, "tenant-a")
+            .header("idempotency-key", value)
+            .send()
+            .await
+            .unwrap();
+        let answer = Answer::of(response).await;
+        assert_eq!(answer.status, 400, "{value}");
+        assert!(
+            problem_type(&answer).ends_with("/idempotency-key-invalid"),
+            "{value}"
+        );
+    }
+    let longest = format!("\"{}\"", "k".repeat(255));
+    let response = rig
+        .post("/charges", None, "tenant-a")
+        .header("idempotency-key", longest);
+    assert_eq!(response.send().await.unwrap().status(), 201);
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+}
+
+async fn first_request_then_replay(store: Store) {
+    let rig = Rig::start(store).await;
+    let first = Answer::of(
+        rig.post("/charges", Some("k-1"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.replayed, None);
+    assert_eq!(first.location.as_deref(), Some("/charges/1"));
+    assert_eq!(first.set_cookie.as_deref(), Some("session=1"));
+    assert_eq!(first.json()["effect"], 1);
+    // The upstream got the key field as sent, and the lease's fencing token.
+    assert_eq!(
+        rig.upstream.requests(),
+        vec![(
+            "/charges".to_owned(),
+            Some("\"k-1\"".to_owned()),
+            Some("1".to_owned())
+        )]
+    );
+    let second = Answer::of(
+        rig.post("/charges", Some("k-1"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    // The same status, allowed headers and body; no Set-Cookie; the marker.
+    assert_eq!(second, first.as_replayed());
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+    let third = Answer::of(
+        rig.post("/charges", Some("k-1"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(third, second);
+    let metrics = rig.gateway.metrics().await;
+    assert!(
+        metrics
+            .contains(r#"idempotency_gateway_requests_total{route="charges",outcome="stored"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            r#"idempotency_gateway_requests_total{route="charges",outcome="replayed"} 2"#
+        ),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn the_first_request_runs_and_its_retry_is_replayed_sqlite() {
+    first_request_then_replay(Store::Sqlite).await;
+}
+
+#[tokio::test]
+async fn the_first_request_runs_and_its_retry_is_replayed_postgres() {
+    first_request_then_replay(Store::Postgres).await;
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_payload_is_422() {
+    let rig = Rig::start(Store::Sqlite).await;
+    assert_eq!(
+        rig.post("/charges", Some("k"), "tenant-a")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    let other = rig
+        .post("/charges", Some("k"), "tenant-a")
+        .body(r#"{"amount":999}"#);
+    let answer = Answer::of(other.send().await.unwrap()).await;
+    assert_eq!(answer.status, 422);
+    assert!(problem_type(&answer).ends_with("/idempotency-key-reused"));
+    // Another query string is another request too.
+    let response = rig
+        .client
+        .post(format!("{}/charges?x=1", rig.gateway.url))
+        .header("x-api-key", "tenant-a")
+        .header("idempotency-key", "\"k\"")
+        .body(r#"{"amount":100}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 422);
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+}
+
+#[tokio::test]
+async fn a_concurrent_duplicate_waits_and_gets_the_same_answer() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let first = rig
+        .post("/charges", Some("k"), "tenant-a")
+        .header("x-delay-ms", "600")
+        .send();
+    let first = tokio::spawn(first);
+    eventually(
+        "the first request reached the upstream",
+        Duration::from_secs(5),
+        || {
+            rig.upstream
+                .state
+                .started
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 1
+        },
+    )
+    .await;
+    let second = Answer::of(
+        rig.post("/charges", Some("k"), "tenant-a")
+            .header("x-delay-ms", "600")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let first = Answer::of(first.await.unwrap().unwrap()).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(second, first.as_replayed());
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+}
+
+async fn thirty_two_duplicates(store: Store) {
+    let rig = Rig::start(store).await;
+    let requests = (0..32).map(|_| {
+        let request = rig
+            .post("/charges", Some("storm"), "tenant-a")
+            .header("x-delay-ms", "300");
+        tokio::spawn(async move { Answer::of(request.send().await.unwrap()).await })
+    });
+    let mut answers = Vec::new();
+    for request in requests.collect::<Vec<_>>() {
+        answers.push(request.await.unwrap());
+    }
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+    let first: Vec<&Answer> = answers.iter().filter(|a| a.replayed.is_none()).collect();
+    assert_eq!(first.len(), 1, "{answers:#?}");
+    let expected = first[0].as_replayed();
+    for answer in &answers {
+        assert_eq!(answer.status, 201);
+        if answer.replayed.is_some() {
+            assert_eq!(answer, &expected);
+        }
+    }
+}
+
+#[tokio::test]
+async fn thirty_two_concurrent_duplicates_make_one_effect_and_one_answer_sqlite() {
+    thirty_two_duplicates(Store::Sqlite).await;
+}
+
+#[tokio::test]
+async fn thirty_two_concurrent_duplicates_make_one_effect_and_one_answer_postgres() {
+    thirty_two_duplicates(Store::Postgres).await;
+}
+
+#[tokio::test]
+async fn a_duplicate_still_in_flight_after_the_wait_is_409_with_retry_after() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let first = tokio::spawn(
+        rig.post("/impatient", Some("k"), "tenant-a")
+            .header("x-delay-ms", "1500")
+            .send(),
+    );
+    eventually(
+        "the first request reached the upstream",
+        Duration::from_secs(5),
+        || {
+            rig.upstream
+                .state
+                .started
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 1
+        },
+    )
+    .await;
+    let second = Answer::of(
+        rig.post("/impatient", Some("k"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(second.status, 409);
+    assert!(problem_type(&second).ends_with("/request-in-progress"));
+    let retry_after: u64 = second.retry_after.as_deref().unwrap().parse().unwrap();
+    assert!((1..=30).contains(&retry_after), "{retry_after}");
+    assert_eq!(first.await.unwrap().unwrap().status(), 201);
+    let third = Answer::of(
+        rig.post("/impatient", Some("k"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(third.replayed.as_deref(), Some("true"));
+    assert_eq!(rig.upstream.effects("/impatient"), 1);
+}
+
+#[tokio::test]
+async fn a_5xx_releases_the_key_and_the_retry_runs_again() {
+    let rig = Rig::start(Store::Sqlite).await;
+    rig.upstream
+        .state
+        .fail_next
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let first = Answer::of(
+        rig.post("/flaky", Some("k"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(first.status, 500);
+    assert_eq!(first.replayed, None);
+    let second = Answer::of(
+        rig.post("/flaky", Some("k"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(second.status, 201);
+    assert_eq!(second.replayed, None);
+    // The second run holds the next lease: fencing token 2.
+    assert_eq!(second.json()["fencing_token"], 2);
+    let third = Answer::of(
+        rig.post("/flaky", Some("k"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(third, second.as_replayed());
+    assert_eq!(rig.upstream.effects("/flaky"), 2);
+}
+
+#[tokio::test]
+async fn the_same_key_from_two_api_keys_is_two_requests() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let a = Answer::of(
+        rig.post("/charges", Some("shared"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let b = Answer::of(
+        rig.post("/charges", Some("shared"), "tenant-b")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((a.status, b.status), (201, 201));
+    assert_eq!((a.replayed.as_deref(), b.replayed.as_deref()), (None, None));
+    assert_eq!(
+        (a.json()["effect"].clone(), b.json()["effect"].clone()),
+        (1.into(), 2.into())
+    );
+    assert_eq!(rig.upstream.effects("/charges"), 2);
+    // Each tenant replays its own answer.
+    let a2 = Answer::of(
+        rig.post("/charges", Some("shared"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a2, a.as_replayed());
+    // Without the identity header: 401, nothing run.
+    let anonymous = rig
+        .client
+        .post(format!("{}/charges", rig.gateway.url))
+        .header("idempotency-key", "\"shared\"")
+        .send()
+        .await
+        .unwrap();
+    let anonymous = Answer::of(anonymous).await;
+    assert_eq!(anonymous.status, 401);
+    assert!(problem_type(&anonymous).ends_with("/identity-missing"));
+    assert_eq!(rig.upstream.effects("/charges"), 2);
+}
+
+#[tokio::test]
+async fn a_response_over_the_limit_is_passed_through_not_stored_and_counted() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let big = || {
+        rig.post("/big", Some("k"), "tenant-a")
+            .header("x-size", "100000")
+            .send()
+    };
+    let first = Answer::of(big().await.unwrap()).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body.len(), 100_000);
+    let second = Answer::of(big().await.unwrap()).await;
+    assert_eq!(
+        (second.status, second.body.len(), second.replayed),
+        (200, 100_000, None)
+    );
+    assert_eq!(rig.upstream.effects("/big"), 2);
+    // Just under the limit is stored.
+    let small = || {
+        rig.post("/big", Some("small"), "tenant-a")
+            .header("x-size", "2000")
+            .send()
+    };
+    assert_eq!(Answer::of(small().await.unwrap()).await.replayed, None);
+    assert_eq!(
+        Answer::of(small().await.unwrap()).await.replayed.as_deref(),
+        Some("true")
+    );
+    assert_eq!(rig.upstream.effects("/big"), 3);
+    let metrics = rig.gateway.metrics().await;
+    assert!(
+        metrics.contains(
+            r#"idempotency_gateway_requests_total{route="big",outcome="released_too_large"} 2"#
+        ),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_mid_request_leaves_the_response_stored() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let impatient = rig
+        .post("/charges", Some("k"), "tenant-a")
+        .header("x-delay-ms", "1000")
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(impatient.unwrap_err().is_timeout());
+    // The upstream call goes on without the client; the lease outlives its
+    // 3 s TTL only through ExtendLease, so wait past it.
+    eventually("the upstream's effect", Duration::from_secs(5), || {
+        rig.upstream.effects("/charges") == 1
+    })
+    .await;
+    let retry = Answer::of(
+        rig.post("/charges", Some("k"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.replayed.as_deref(), Some("true"));
+    assert_eq!(retry.json()["effect"], 1);
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+}
+
+#[tokio::test]
+async fn the_lease_is_extended_while_a_slow_upstream_works() {
+    let rig = Rig::start(Store::Sqlite).await;
+    // 4 s of work under a 3 s lease: without ExtendLease a retry at 3.5 s
+    // would take the key over and run the effect again.
+    let first = tokio::spawn(
+        rig.post("/charges", Some("slow"), "tenant-a")
+            .header("x-delay-ms", "4000")
+            .send(),
+    );
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let retry = Answer::of(
+        rig.post("/charges", Some("slow"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let first = Answer::of(first.await.unwrap().unwrap()).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(retry, first.as_replayed());
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+}
+
+#[tokio::test]
+async fn http2_clients_get_the_same_behaviour() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let send = || {
+        h2.post(format!("{}/charges", rig.gateway.url))
+            .header("x-api-key", "tenant-a")
+            .header("idempotency-key", "\"h2\"")
+            .body("{}")
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert_eq!(first.version(), reqwest::Version::HTTP_2);
+    let first = Answer::of(first).await;
+    let second = send().await.unwrap();
+    assert_eq!(second.version(), reqwest::Version::HTTP_2);
+    assert_eq!(Answer::of(second).await, first.as_replayed());
+    // And an HTTP/1.1 client with the same key replays the same answer.
+    let h1 = rig
+        .client
+        .post(format!("{}/charges", rig.gateway.url))
+        .header("x-api-key", "tenant-a")
+        .header("idempotency-key", "\"h2\"")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(h1.version(), reqwest::Version::HTTP_11);
+    assert_eq!(Answer::of(h1).await, first.as_replayed());
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+}
+
+#[tokio::test]
+async fn other_routes_and_keyless_optional_routes_pass_through() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let hello = rig
+        .client
+        .get(format!("{}/hello", rig.gateway.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hello.status(), 200);
+    assert_eq!(hello.headers()["x-saw-forwarded-for"], "127.0.0.1");
+    assert_eq!(hello.text().await.unwrap(), "hello");
+    for _ in 0..2 {
+        let answer = Answer::of(
+            rig.post("/optional", None, "tenant-a")
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!((answer.status, answer.replayed), (201, None));
+        let unguarded = Answer::of(
+            rig.post("/unguarded", Some("k"), "tenant-a")
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!((unguarded.status, unguarded.replayed), (201, None));
+    }
+    assert_eq!(rig.upstream.effects("/optional"), 2);
+    assert_eq!(rig.upstream.effects("/unguarded"), 2);
+    // The upstream saw no fencing token on pass-through requests.
+    assert!(
+        rig.upstream
+            .requests()
+            .iter()
+            .all(|(_, _, fencing)| fencing.is_none())
+    );
+}
+
+#[tokio::test]
+async fn late_retries_follow_the_route_policy() {
+    let extra = r#"
+[[route]]
+method = "POST"
+path = "/refuse"
+namespace = "refuse"
+retention = "1s"
+late_retry = "refuse"
+
+[[route]]
+method = "POST"
+path = "/reexecute"
+namespace = "reexecute"
+retention = "1s"
+late_retry = "reexecute"
+"#;
+    let rig = Rig::with_routes(Store::Sqlite, extra).await;
+    for path in ["/refuse", "/reexecute"] {
+        assert_eq!(
+            rig.post(path, Some("late"), "tenant-a")
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            201
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let refused = Answer::of(
+        rig.post("/refuse", Some("late"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(refused.status, 410);
+    assert!(problem_type(&refused).ends_with("/idempotency-key-expired"));
+    assert!(
+        refused.json()["completed_at"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("20")),
+        "{}",
+        refused.body
+    );
+    assert_eq!(rig.upstream.effects("/refuse"), 1);
+    let again = Answer::of(
+        rig.post("/reexecute", Some("late"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((again.status, again.replayed.clone()), (201, None));
+    assert_eq!(again.json()["fencing_token"], 2);
+    assert_eq!(rig.upstream.effects("/reexecute"), 2);
+}
+
+#[tokio::test]
+async fn an_unreachable_service_is_503_with_retry_after_or_fail_open() {
+    let upstream = common::TestUpstream::start().await;
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let extra = r#"
+[[route]]
+method = "POST"
+path = "/open"
+namespace = "open"
+fail_open = true
+"#;
+    let gateway = common::GatewayProcess::start(&common::config(
+        upstream.addr,
+        &format!("http://127.0.0.1:{port}"),
+        extra,
+    ));
+    let client = reqwest::Client::new();
+    let post = |path: &str| {
+        client
+            .post(format!("{}{path}", gateway.url))
+            .header("x-api-key", "tenant-a")
+            .header("idempotency-key", "\"k\"")
+            .send()
+    };
+    let started = std::time::Instant::now();
+    let closed = Answer::of(post("/charges").await.unwrap()).await;
+    assert_eq!(closed.status, 503);
+    assert!(problem_type(&closed).ends_with("/idempotency-service-unavailable"));
+    assert_eq!(closed.retry_after.as_deref(), Some("1"));
+    // Five attempts with the published backoff: well under the Claim's 30 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(upstream.effects("/charges"), 0);
+    let open = Answer::of(post("/open").await.unwrap()).await;
+    assert_eq!((open.status, open.replayed), (201, None));
+    assert_eq!(upstream.effects("/open"), 1);
+    let metrics = gateway.metrics().await;
+    assert!(
+        metrics
+            .contains(r#"idempotency_gateway_requests_total{route="open",outcome="fail_open"} 1"#),
+        "{metrics}"
+    );
+}
