@@ -176,10 +176,10 @@ impl Gateway {
                 return Err(GatewayError::from_status(&status));
             }
         };
-        if let Some(waited) = answer.waited.and_then(|w| Duration::try_from(w).ok()) {
-            if !waited.is_zero() {
-                metrics::waited(&route.name, waited);
-            }
+        if let Some(waited) = answer.waited.and_then(|w| Duration::try_from(w).ok())
+            && !waited.is_zero()
+        {
+            metrics::waited(&route.name, waited);
         }
         let outcome = ClaimOutcome::try_from(answer.outcome).unwrap_or(ClaimOutcome::Unspecified);
         if outcome != ClaimOutcome::Claimed {
