@@ -359,8 +359,7 @@ impl Gateway {
             response: stored.encode(),
             retention: route.retention.map(proto_duration),
         };
-        let result = self.service.complete(complete).await;
-        drop(heartbeat);
+        let result = self.service.complete(complete.clone()).await;
         match result {
             Ok(()) => metrics::request(&route.name, Outcome::Stored),
             Err(status)
@@ -369,16 +368,31 @@ impl Gateway {
                 // The service's own limit is below the route's.
                 warn!(route = %route.name, message = status.message(),
                     "the service refused to store the response (larger than its limit?): releasing the key");
-                self.release(&lease).await;
-                metrics::request(&route.name, Outcome::ReleasedTooLarge);
+                self.release_with(route, &lease, heartbeat, Outcome::ReleasedTooLarge)
+                    .await;
+            }
+            Err(status) if is_unavailable(&status) => {
+                // The effect happened: the client gets its answer now, and
+                // the response is stored once the service is back. The lease
+                // is kept alive meanwhile, so a retry waits for it instead
+                // of running the request again.
+                metrics::service_error("Complete", &status);
+                warn!(route = %route.name, code = ?status.code(),
+                    "Complete failed: the service is unavailable; storing the response when it is back");
+                tokio::spawn(complete_later(
+                    self.service.clone(),
+                    route.name.clone(),
+                    complete,
+                    heartbeat,
+                ));
             }
             Err(status) => {
-                // The effect happened and the client gets its answer; the key
-                // stays in progress until its lease runs out (or a newer
-                // holder's answer stands: a stale lease stores nothing).
+                // A lost lease (another holder took the key over after this
+                // one ran out): its answer stands, this one is not stored.
+                drop(heartbeat);
                 metrics::service_error("Complete", &status);
                 warn!(route = %route.name, code = ?status.code(), message = status.message(),
-                    "Complete failed: the response was not stored");
+                    "Complete refused: the response was not stored");
                 metrics::request(&route.name, Outcome::CompleteFailed);
             }
         }
@@ -412,6 +426,42 @@ impl Gateway {
                 "Release failed: the key stays in progress until its lease runs out");
         }
     }
+}
+
+/// How long a Complete refused for unavailability is tried again in the
+/// background (the service down, or unreachable, that long).
+const COMPLETE_LATER_FOR: Duration = Duration::from_secs(300);
+
+/// Tries a Complete again until it lands, is refused, or
+/// [`COMPLETE_LATER_FOR`] has passed, the lease kept alive all along.
+async fn complete_later(
+    service: Service,
+    route: String,
+    complete: CompleteRequest,
+    heartbeat: Heartbeat,
+) {
+    let give_up = tokio::time::Instant::now() + COMPLETE_LATER_FOR;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(1));
+        match service.complete(complete.clone()).await {
+            Ok(()) => {
+                info!(route = %route, "the response was stored once the service was back");
+                metrics::request(&route, Outcome::Stored);
+                break;
+            }
+            Err(status) if is_unavailable(&status) && tokio::time::Instant::now() < give_up => {}
+            Err(status) => {
+                metrics::service_error("Complete", &status);
+                warn!(route = %route, code = ?status.code(), message = status.message(),
+                    "the response could not be stored: a retry after the lease runs out runs the request again");
+                metrics::request(&route, Outcome::CompleteFailed);
+                break;
+            }
+        }
+    }
+    drop(heartbeat);
 }
 
 fn replay(route: &Route, answer: &ClaimResponse) -> Result<Response<Body>, GatewayError> {

@@ -630,3 +630,87 @@ fail_open = true
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn the_service_killed_mid_request_runs_nothing_twice_and_answers_503_meanwhile() {
+    let extra = r#"
+[[route]]
+method = "POST"
+path = "/durable"
+namespace = "durable"
+lease_ttl = "10s"
+"#;
+    let mut rig = Rig::with_routes(Store::Sqlite, extra).await;
+    let first = tokio::spawn(
+        rig.post("/durable", Some("k"), "tenant-a")
+            .header("x-delay-ms", "800")
+            .send(),
+    );
+    eventually(
+        "the first request reached the upstream",
+        Duration::from_secs(5),
+        || {
+            rig.upstream
+                .state
+                .started
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 1
+        },
+    )
+    .await;
+    rig.service.kill();
+    // The effect happened: its client gets the upstream's answer, though
+    // Complete could not be stored yet (its retries take about 1.5 s).
+    let first = Answer::of(first.await.unwrap().unwrap()).await;
+    assert_eq!((first.status, first.replayed.clone()), (201, None));
+    // While the service is down, a guarded request is a clear 503.
+    let down = Answer::of(
+        rig.post("/durable", Some("other"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(down.status, 503);
+    assert!(problem_type(&down).ends_with("/idempotency-service-unavailable"));
+    rig.service.restart().await;
+    // The response is stored once the service is back: the retry replays it.
+    let retry = Answer::of(
+        rig.post("/durable", Some("k"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(retry, first.as_replayed());
+    assert_eq!(rig.upstream.effects("/durable"), 1);
+}
+
+#[tokio::test]
+async fn an_http2_upstream_works() {
+    let upstream = common::TestUpstream::start().await;
+    let service = common::ServiceProcess::start(Store::Sqlite).await;
+    let config = common::config(upstream.addr, &service.url(), "").replace(
+        "shutdown_timeout = \"2s\"",
+        "shutdown_timeout = \"2s\"\nupstream_http2 = true",
+    );
+    let gateway = common::GatewayProcess::start(&config);
+    let client = reqwest::Client::new();
+    let hello = client
+        .get(format!("{}/hello", gateway.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hello.headers()["x-saw-version"], "HTTP/2.0");
+    let post = || {
+        client
+            .post(format!("{}/charges", gateway.url))
+            .header("x-api-key", "tenant-a")
+            .header("idempotency-key", "\"k\"")
+            .send()
+    };
+    let first = Answer::of(post().await.unwrap()).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(Answer::of(post().await.unwrap()).await, first.as_replayed());
+    assert_eq!(upstream.effects("/charges"), 1);
+}

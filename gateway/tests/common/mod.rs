@@ -121,6 +121,10 @@ async fn handle(state: Arc<UpstreamState>, request: Request<Incoming>) -> Respon
     let path = request.uri().path().to_owned();
     if request.method() == http::Method::GET {
         let mut response = Response::new(Full::new(Bytes::from_static(b"hello")));
+        let version = format!("{:?}", request.version());
+        response
+            .headers_mut()
+            .insert("x-saw-version", version.parse().unwrap());
         if let Some(ff) = header(&request, "x-forwarded-for") {
             response
                 .headers_mut()
@@ -236,13 +240,34 @@ fn postgres_url() -> String {
 pub struct ServiceProcess {
     pub child: Child,
     pub port: u16,
-    _dir: TempDir,
+    /// DATABASE_URL or IDEMPOTENCY_DATA_DIR, and its value.
+    store: (&'static str, String),
+    dir: TempDir,
 }
 
 impl ServiceProcess {
     pub async fn start(store: Store) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let store = match store {
+            Store::Sqlite => (
+                "IDEMPOTENCY_DATA_DIR",
+                dir.path().join("data").to_str().unwrap().to_owned(),
+            ),
+            Store::Postgres => ("DATABASE_URL", postgres_url()),
+        };
         let port = free_port();
+        let child = Self::spawn(port, &store, &dir);
+        let service = Self {
+            child,
+            port,
+            store,
+            dir,
+        };
+        service.wait_ready().await;
+        service
+    }
+
+    fn spawn(port: u16, store: &(&'static str, String), dir: &TempDir) -> Child {
         let mut command = Command::new(service_binary());
         for (name, _) in std::env::vars() {
             if name.starts_with("DATABASE_URL") || name.starts_with("IDEMPOTENCY_") {
@@ -254,19 +279,21 @@ impl ServiceProcess {
             .env("IDEMPOTENCY_LISTEN_ADDR", format!("127.0.0.1:{port}"))
             .env("IDEMPOTENCY_METRICS_ADDR", "")
             .env("RUST_LOG", "warn")
+            .env(store.0, &store.1)
             .stdout(Stdio::null());
-        match store {
-            Store::Sqlite => command.env("IDEMPOTENCY_DATA_DIR", dir.path().join("data")),
-            Store::Postgres => command.env("DATABASE_URL", postgres_url()),
-        };
-        let child = command.spawn().expect("start the idempotency service");
-        let service = Self {
-            child,
-            port,
-            _dir: dir,
-        };
-        service.wait_ready().await;
-        service
+        command.spawn().expect("start the idempotency service")
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Starts it again on the same port and store, and waits until it answers.
+    pub async fn restart(&mut self) {
+        self.child = Self::spawn(self.port, &self.store, &self.dir);
+        self.wait_ready().await;
     }
 
     pub fn url(&self) -> String {
