@@ -714,3 +714,105 @@ async fn an_http2_upstream_works() {
     assert_eq!(Answer::of(post().await.unwrap()).await, first.as_replayed());
     assert_eq!(upstream.effects("/charges"), 1);
 }
+
+const HUNDRED_MB: usize = 100 * 1024 * 1024;
+
+#[tokio::test]
+async fn a_100_mb_body_streams_through_at_constant_memory() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let before = rig.gateway.peak_memory();
+    // Upstream to client, on a guarded route: over the stored limit after
+    // the first 64 KiB, released, and the rest streamed.
+    let response = rig
+        .post("/stream", Some("large"), "tenant-a")
+        .header("x-size", HUNDRED_MB.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream();
+    let mut received = 0;
+    while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+        received += chunk.unwrap().len();
+    }
+    assert_eq!(received, HUNDRED_MB);
+    // Client to upstream, passed through: the body is made as it is sent.
+    let chunk = bytes::Bytes::from(vec![b'z'; 64 * 1024]);
+    let chunks = (0..HUNDRED_MB / chunk.len()).map(move |_| Ok::<_, std::io::Error>(chunk.clone()));
+    let upload = rig
+        .client
+        .post(format!("{}/sink", rig.gateway.url))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    let upload = Answer::of(upload).await;
+    assert_eq!(upload.status, 200);
+    assert_eq!(upload.json()["received"], HUNDRED_MB);
+    let grown = rig.gateway.peak_memory().saturating_sub(before);
+    assert!(
+        grown < 32 * 1024 * 1024,
+        "the gateway's peak memory grew by {grown} bytes"
+    );
+    assert_eq!(rig.upstream.effects("/stream"), 1);
+}
+
+#[tokio::test]
+async fn a_request_body_over_the_route_limit_is_413_and_runs_nothing() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let large = rig
+        .post("/big", Some("k"), "tenant-a")
+        .body(vec![b'a'; 65537]);
+    let answer = Answer::of(large.send().await.unwrap()).await;
+    assert_eq!(answer.status, 413);
+    assert!(problem_type(&answer).ends_with("/request-too-large"));
+    assert_eq!(rig.upstream.effects("/big"), 0);
+    // Nothing was claimed: the same key with a body within the limit runs.
+    let fits = rig
+        .post("/big", Some("k"), "tenant-a")
+        .body(vec![b'a'; 65536]);
+    assert_eq!(fits.send().await.unwrap().status(), 200);
+    assert_eq!(rig.upstream.effects("/big"), 1);
+}
+
+#[tokio::test]
+async fn sigterm_lets_the_request_in_flight_finish() {
+    let mut rig = Rig::start(Store::Sqlite).await;
+    let in_flight = tokio::spawn(
+        rig.post("/charges", Some("k"), "tenant-a")
+            .header("x-delay-ms", "700")
+            .send(),
+    );
+    eventually(
+        "the request reached the upstream",
+        Duration::from_secs(5),
+        || {
+            rig.upstream
+                .state
+                .started
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 1
+        },
+    )
+    .await;
+    rig.gateway.terminate();
+    let answer = Answer::of(in_flight.await.unwrap().unwrap()).await;
+    assert_eq!(
+        (answer.status, answer.json()["effect"].clone()),
+        (201, 1.into())
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = rig.gateway.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running 5 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+}

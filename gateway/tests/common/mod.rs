@@ -117,10 +117,27 @@ fn header(request: &Request<Incoming>, name: &str) -> Option<String> {
         .map(|v| v.to_str().unwrap().to_owned())
 }
 
-async fn handle(state: Arc<UpstreamState>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+type TestBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+fn full(bytes: impl Into<Bytes>) -> TestBody {
+    Full::new(bytes.into()).boxed()
+}
+
+/// `size` bytes in 64 KiB chunks, made as they are sent, with no length.
+fn streamed(size: usize) -> TestBody {
+    const CHUNK: usize = 64 * 1024;
+    let chunk = Bytes::from(vec![b'y'; CHUNK]);
+    let chunks = (0..size.div_ceil(CHUNK)).map(move |i| {
+        let len = CHUNK.min(size - i * CHUNK);
+        Ok::<_, Infallible>(hyper::body::Frame::data(chunk.slice(..len)))
+    });
+    http_body_util::StreamBody::new(futures_util::stream::iter(chunks)).boxed()
+}
+
+async fn handle(state: Arc<UpstreamState>, request: Request<Incoming>) -> Response<TestBody> {
     let path = request.uri().path().to_owned();
     if request.method() == http::Method::GET {
-        let mut response = Response::new(Full::new(Bytes::from_static(b"hello")));
+        let mut response = Response::new(full(Bytes::from_static(b"hello")));
         let version = format!("{:?}", request.version());
         response
             .headers_mut()
@@ -138,7 +155,14 @@ async fn handle(state: Arc<UpstreamState>, request: Request<Incoming>) -> Respon
     let size: usize = header(&request, "x-size").map_or(0, |s| s.parse().unwrap());
     let key = header(&request, "idempotency-key");
     let fencing = header(&request, "idempotency-fencing-token");
-    let _body = request.into_body().collect().await.unwrap().to_bytes();
+    // Read as it streams: only its length is kept.
+    let mut received = 0usize;
+    let mut body = request.into_body();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            received += data.len();
+        }
+    }
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
@@ -159,6 +183,14 @@ async fn handle(state: Arc<UpstreamState>, request: Request<Incoming>) -> Respon
             (500, "{\"error\":\"try again\"}".to_owned())
         }
         "/big" => (200, "x".repeat(size)),
+        "/sink" => (200, format!("{{\"received\":{received}}}")),
+        "/stream" => {
+            let mut response = Response::new(streamed(size));
+            response
+                .headers_mut()
+                .insert("content-type", "application/octet-stream".parse().unwrap());
+            return response;
+        }
         _ => (
             status,
             format!(
@@ -167,7 +199,7 @@ async fn handle(state: Arc<UpstreamState>, request: Request<Incoming>) -> Respon
             ),
         ),
     };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let mut response = Response::new(full(body));
     *response.status_mut() = StatusCode::from_u16(status).unwrap();
     let headers = response.headers_mut();
     headers.insert("content-type", "application/json".parse().unwrap());
@@ -367,6 +399,13 @@ method = "POST"
 path = "/big"
 namespace = "big"
 max_stored_bytes = 4096
+max_request_bytes = 65536
+
+[[route]]
+method = "POST"
+path = "/stream"
+namespace = "stream"
+max_stored_bytes = 65536
 
 [[route]]
 method = "POST"
@@ -422,6 +461,23 @@ impl GatewayProcess {
             admin: admin.unwrap(),
             _dir: dir,
         }
+    }
+
+    /// The process's peak resident memory (VmHWM), in bytes.
+    pub fn peak_memory(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kib * 1024
+    }
+
+    /// SIGTERM.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
     }
 
     pub async fn metrics(&self) -> String {
