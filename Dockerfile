@@ -1,8 +1,12 @@
 # syntax=docker/dockerfile:1
 #
-# The idempotency-service server image:
+# The idempotency-service server image, with idempotency-gateway (the HTTP
+# reverse proxy for Idempotency-Key, gateway/) beside it:
 #
 #   docker build -t idempotency-service:0.1.0 .
+#
+# The service is the entrypoint; run the gateway from the same image with
+# `--entrypoint /usr/local/bin/idempotency-gateway` (Kubernetes: `command:`).
 #
 # A Rust build stage, then a slim Debian runtime holding only the binary and a
 # non-root user. Debian rather than distroless because the Helm chart's preStop
@@ -21,30 +25,40 @@ ENV SQLX_OFFLINE=true
 
 # Dependencies first, against stub sources: this layer, most of the build
 # time, is reused until a Cargo.toml, Cargo.lock, build.rs or proto/ change.
-# Only the service is built (-p idempotency-service), with its dependencies;
-# among them the workspace member idempotency-proto, which comes in whole
-# (proto/: its Cargo.toml, build.rs and src/ beside the .proto it compiles)
-# and is built for real here. The load generator (bench/loadgen) is never
-# compiled here, but cargo reads every member's manifest, so its Cargo.toml
-# comes in with a stub main.
+# The service and the gateway are built (-p idempotency-service -p
+# idempotency-gateway), with their dependencies; among them the workspace
+# member idempotency-proto, which comes in whole (proto/: its Cargo.toml,
+# build.rs and src/ beside the .proto it compiles) and is built for real
+# here. The load generator (bench/loadgen) is never compiled here, but cargo
+# reads every member's manifest, so its Cargo.toml comes in with a stub main.
+# The gateway compiles clients/service-config.json in (its retry rules).
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY bench/loadgen/Cargo.toml ./bench/loadgen/
+COPY gateway/Cargo.toml ./gateway/
+COPY clients/service-config.json ./clients/
 COPY proto ./proto
-RUN mkdir src bench/loadgen/src \
+RUN mkdir src bench/loadgen/src gateway/src \
  && echo 'fn main() {}' > src/main.rs \
  && echo 'fn main() {}' > bench/loadgen/src/main.rs \
- && touch src/lib.rs \
+ && echo 'fn main() {}' > gateway/src/main.rs \
+ && touch src/lib.rs gateway/src/lib.rs \
  && cargo build --release --locked -p idempotency-service --bin idempotency-service \
- && rm -rf src target/release/.fingerprint/idempotency-service-* \
-      target/release/deps/idempotency_service-* target/release/deps/libidempotency_service-*
+      -p idempotency-gateway --bin idempotency-gateway \
+ && rm -rf src gateway/src target/release/.fingerprint/idempotency-service-* \
+      target/release/deps/idempotency_service-* target/release/deps/libidempotency_service-* \
+      target/release/.fingerprint/idempotency-gateway-* \
+      target/release/deps/idempotency_gateway-* target/release/deps/libidempotency_gateway-*
 
-# Then the crate itself. The touch makes sure cargo sees the real sources as
-# newer than the stubs it just built, whatever times COPY gave them.
+# Then the crates themselves. The touch makes sure cargo sees the real
+# sources as newer than the stubs it just built, whatever times COPY gave them.
 COPY src ./src
 COPY migrations ./migrations
-RUN touch src/main.rs src/lib.rs \
+COPY gateway/src ./gateway/src
+RUN touch src/main.rs src/lib.rs gateway/src/main.rs gateway/src/lib.rs \
  && cargo build --release --locked -p idempotency-service --bin idempotency-service \
- && install -D -m 0755 target/release/idempotency-service /out/idempotency-service
+      -p idempotency-gateway --bin idempotency-gateway \
+ && install -D -m 0755 target/release/idempotency-service /out/idempotency-service \
+ && install -D -m 0755 target/release/idempotency-gateway /out/idempotency-gateway
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 LABEL org.opencontainers.image.title="idempotency-service" \
@@ -58,12 +72,14 @@ RUN groupadd --system --gid 10001 idempotency \
       --home-dir /var/lib/idempotency --shell /usr/sbin/nologin idempotency \
  && install -d -o idempotency -g idempotency -m 0750 /var/lib/idempotency
 COPY --from=build /out/idempotency-service /usr/local/bin/idempotency-service
+COPY --from=build /out/idempotency-gateway /usr/local/bin/idempotency-gateway
 # Without DATABASE_URL the server keeps a SQLite file in ./data, that is
 # /var/lib/idempotency/data: mount a volume there to keep it.
 WORKDIR /var/lib/idempotency
 USER 10001:10001
 # 50051: gRPC (health, reflection, the API). 8464: Prometheus metrics at
-# /metrics (IDEMPOTENCY_METRICS_ADDR; empty turns them off).
+# /metrics (IDEMPOTENCY_METRICS_ADDR; empty turns them off). The gateway's
+# ports are its config file's (`listen`, `admin_listen`).
 EXPOSE 50051 8464
 ENTRYPOINT ["/usr/local/bin/idempotency-service"]
 CMD ["serve"]
