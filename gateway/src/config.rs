@@ -43,6 +43,9 @@ pub struct Config {
     pub upstream_http2: bool,
     /// The idempotency service's gRPC address.
     pub service: Uri,
+    /// The bearer token the gateway presents to the service (read from
+    /// `service_token_file`), when the service has an access policy.
+    pub service_token: Option<String>,
     /// The prefix of every problem's `type` URI.
     pub problem_base: String,
     /// How long a shutdown waits for requests in flight.
@@ -262,6 +265,7 @@ struct FileConfig {
     #[serde(default)]
     upstream_http2: bool,
     service: String,
+    service_token_file: Option<String>,
     problem_base: Option<String>,
     shutdown_timeout: Option<String>,
     identity: Option<IdentityFile>,
@@ -421,6 +425,18 @@ impl FileConfig {
             upstream: uri("upstream", &self.upstream)?,
             upstream_http2: self.upstream_http2,
             service: uri("service", &self.service)?,
+            service_token: match self.service_token_file.as_deref() {
+                None => None,
+                Some(path) => {
+                    let token = std::fs::read_to_string(path)
+                        .map_err(|e| format!("service_token_file: {path}: {e}"))?;
+                    let token = token.trim().to_owned();
+                    if token.is_empty() {
+                        return Err(format!("service_token_file: {path} is empty"));
+                    }
+                    Some(token)
+                }
+            },
             problem_base: self
                 .problem_base
                 .unwrap_or_else(|| "tag:idempotency-gateway,2026:problem/".to_owned()),

@@ -56,7 +56,7 @@ pub struct Gateway {
 impl Gateway {
     pub fn new(config: Config) -> Result<Self, String> {
         Ok(Self {
-            service: Service::new(&config.service)?,
+            service: Service::new(&config.service, config.service_token.as_deref())?,
             upstream: Upstream::new(config.upstream.clone(), config.upstream_http2),
             config,
         })

@@ -17,6 +17,7 @@ use idempotency_proto::v1::{
 use rand::Rng;
 use serde::Deserialize;
 use tokio::time::Instant;
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
@@ -139,12 +140,21 @@ impl RetryPolicies {
 pub struct Service {
     client: IdempotencyServiceClient<Channel>,
     policies: RetryPolicies,
+    /// `Bearer <token>` for the service's access policy, when configured.
+    authorization: Option<MetadataValue<Ascii>>,
 }
 
 impl Service {
     /// A client of the service at `uri`; connections are made on first use
     /// and again after a failure, so the gateway starts without the service.
-    pub fn new(uri: &http::Uri) -> Result<Self, String> {
+    pub fn new(uri: &http::Uri, token: Option<&str>) -> Result<Self, String> {
+        let authorization =
+            match token {
+                None => None,
+                Some(token) => Some(MetadataValue::try_from(format!("Bearer {token}")).map_err(
+                    |_| "service_token_file: the token is not printable ASCII".to_owned(),
+                )?),
+            };
         let endpoint = Endpoint::from_shared(uri.to_string())
             .map_err(|e| format!("service: {e}"))?
             .connect_timeout(Duration::from_secs(2))
@@ -154,6 +164,7 @@ impl Service {
         Ok(Self {
             client: IdempotencyServiceClient::new(endpoint.connect_lazy()),
             policies: RetryPolicies::published()?,
+            authorization,
         })
     }
 
@@ -166,7 +177,7 @@ impl Service {
             .unwrap_or_default();
         let mut policy = self.policies.claim.clone();
         policy.timeout = policy.timeout.max(wait + Duration::from_secs(5));
-        call(&policy, &self.client, request, |mut c, r| async move {
+        call(&policy, self, request, |mut c, r| async move {
             c.claim(r).await
         })
         .await
@@ -175,7 +186,7 @@ impl Service {
     pub async fn complete(&self, request: CompleteRequest) -> Result<(), Status> {
         call(
             &self.policies.complete,
-            &self.client,
+            self,
             request,
             |mut c, r| async move { c.complete(r).await },
         )
@@ -186,7 +197,7 @@ impl Service {
     pub async fn release(&self, request: ReleaseRequest) -> Result<(), Status> {
         call(
             &self.policies.release,
-            &self.client,
+            self,
             request,
             |mut c, r| async move { c.release(r).await },
         )
@@ -197,7 +208,7 @@ impl Service {
     pub async fn extend_lease(&self, request: ExtendLeaseRequest) -> Result<(), Status> {
         call(
             &self.policies.extend_lease,
-            &self.client,
+            self,
             request,
             |mut c, r| async move { c.extend_lease(r).await },
         )
@@ -209,7 +220,7 @@ impl Service {
     /// answers at all (readiness). Any answer from the service counts,
     /// a refusal included; only an unreachable service does not.
     pub async fn ping(&self, timeout: Duration) -> bool {
-        let mut request = Request::new(GetRequest {
+        let mut request = self.request(GetRequest {
             namespace: "idempotency-gateway".to_owned(),
             key: "readiness".to_owned(),
         });
@@ -225,13 +236,24 @@ impl Service {
     pub fn policies(&self) -> &RetryPolicies {
         &self.policies
     }
+
+    /// A request carrying the credentials, if any.
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(authorization) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", authorization.clone());
+        }
+        request
+    }
 }
 
 /// One call under `policy`: attempts until success, a code that is not
 /// retryable, the last attempt, or the call's timeout.
 async fn call<Req, Resp, F, Fut>(
     policy: &RetryPolicy,
-    client: &IdempotencyServiceClient<Channel>,
+    service: &Service,
     message: Req,
     send: F,
 ) -> Result<Resp, Status>
@@ -248,9 +270,9 @@ where
         if left.is_zero() {
             return Err(Status::deadline_exceeded("the call's timeout passed"));
         }
-        let mut request = Request::new(message.clone());
+        let mut request = service.request(message.clone());
         request.set_timeout(left);
-        let status = match tokio::time::timeout(left, send(client.clone(), request)).await {
+        let status = match tokio::time::timeout(left, send(service.client.clone(), request)).await {
             Ok(Ok(response)) => return Ok(response.into_inner()),
             Ok(Err(status)) => status,
             Err(_) => return Err(Status::deadline_exceeded("the call's timeout passed")),
@@ -290,9 +312,7 @@ mod tests {
 
     #[tokio::test]
     async fn retries_the_retryable_codes_only() {
-        let client = IdempotencyServiceClient::new(
-            Endpoint::from_static("http://127.0.0.1:1").connect_lazy(),
-        );
+        let service = Service::new(&http::Uri::from_static("http://127.0.0.1:1"), None).unwrap();
         let policy = RetryPolicy {
             timeout: Duration::from_secs(5),
             max_attempts: 3,
@@ -302,7 +322,7 @@ mod tests {
             retryable: vec![Code::Unavailable],
         };
         let attempts = std::sync::atomic::AtomicU32::new(0);
-        let result: Result<(), Status> = call(&policy, &client, (), |_, _| {
+        let result: Result<(), Status> = call(&policy, &service, (), |_, _| {
             attempts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async { Err(Status::unavailable("down")) }
         })
@@ -310,7 +330,7 @@ mod tests {
         assert_eq!(result.unwrap_err().code(), Code::Unavailable);
         assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 3);
         attempts.store(0, std::sync::atomic::Ordering::SeqCst);
-        let result: Result<(), Status> = call(&policy, &client, (), |_, _| {
+        let result: Result<(), Status> = call(&policy, &service, (), |_, _| {
             attempts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async { Err(Status::failed_precondition("lost")) }
         })

@@ -816,3 +816,63 @@ async fn sigterm_lets_the_request_in_flight_finish() {
     };
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn a_service_with_an_access_policy_takes_the_gateway_token() {
+    use sha2::Digest;
+    let token = "idem_gateway-test-token";
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[identity]]\nname = \"gateway\"\ntoken_hashes = [\"sha256:{}\"]\nnamespaces = [\"charges/*\"]\n",
+            hex::encode(sha2::Sha256::digest(token))
+        ),
+    )
+    .unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let upstream = common::TestUpstream::start().await;
+    let service = common::ServiceProcess::start_with(
+        Store::Sqlite,
+        &[(
+            "IDEMPOTENCY_POLICY_FILE",
+            policy.to_str().unwrap().to_owned(),
+        )],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let post = |gateway: &common::GatewayProcess, path: &str| {
+        client
+            .post(format!("{}{path}", gateway.url))
+            .header("x-api-key", "tenant-a")
+            .header("idempotency-key", "\"k\"")
+            .send()
+    };
+    let config = common::config(upstream.addr, &service.url(), "");
+    let with_token = common::GatewayProcess::start(&config.replace(
+        "shutdown_timeout = \"2s\"",
+        &format!(
+            "shutdown_timeout = \"2s\"\nservice_token_file = {:?}",
+            token_file.to_str().unwrap()
+        ),
+    ));
+    let first = Answer::of(post(&with_token, "/charges").await.unwrap()).await;
+    assert_eq!(first.status, 201);
+    let replay = Answer::of(post(&with_token, "/charges").await.unwrap()).await;
+    assert_eq!(replay, first.as_replayed());
+    // A namespace the policy does not grant: the service refuses, nothing runs.
+    let refused = Answer::of(post(&with_token, "/flaky").await.unwrap()).await;
+    assert_eq!(refused.status, 500);
+    assert!(problem_type(&refused).ends_with("/idempotency-service-error"));
+    // Without the token: refused the same way.
+    let without = common::GatewayProcess::start(&config);
+    let anonymous = Answer::of(post(&without, "/charges").await.unwrap()).await;
+    assert_eq!(anonymous.status, 500);
+    assert!(problem_type(&anonymous).ends_with("/idempotency-service-error"));
+    assert_eq!(
+        (upstream.effects("/charges"), upstream.effects("/flaky")),
+        (1, 0)
+    );
+}

@@ -274,11 +274,17 @@ pub struct ServiceProcess {
     pub port: u16,
     /// DATABASE_URL or IDEMPOTENCY_DATA_DIR, and its value.
     store: (&'static str, String),
+    env: Vec<(&'static str, String)>,
     dir: TempDir,
 }
 
 impl ServiceProcess {
     pub async fn start(store: Store) -> Self {
+        Self::start_with(store, &[]).await
+    }
+
+    /// The same with more environment variables (a policy file).
+    pub async fn start_with(store: Store, env: &[(&'static str, String)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let store = match store {
             Store::Sqlite => (
@@ -288,18 +294,24 @@ impl ServiceProcess {
             Store::Postgres => ("DATABASE_URL", postgres_url()),
         };
         let port = free_port();
-        let child = Self::spawn(port, &store, &dir);
+        let child = Self::spawn(port, &store, env, &dir);
         let service = Self {
             child,
             port,
             store,
+            env: env.to_vec(),
             dir,
         };
         service.wait_ready().await;
         service
     }
 
-    fn spawn(port: u16, store: &(&'static str, String), dir: &TempDir) -> Child {
+    fn spawn(
+        port: u16,
+        store: &(&'static str, String),
+        env: &[(&'static str, String)],
+        dir: &TempDir,
+    ) -> Child {
         let mut command = Command::new(service_binary());
         for (name, _) in std::env::vars() {
             if name.starts_with("DATABASE_URL") || name.starts_with("IDEMPOTENCY_") {
@@ -312,6 +324,7 @@ impl ServiceProcess {
             .env("IDEMPOTENCY_METRICS_ADDR", "")
             .env("RUST_LOG", "warn")
             .env(store.0, &store.1)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null());
         command.spawn().expect("start the idempotency service")
     }
@@ -324,7 +337,7 @@ impl ServiceProcess {
 
     /// Starts it again on the same port and store, and waits until it answers.
     pub async fn restart(&mut self) {
-        self.child = Self::spawn(self.port, &self.store, &self.dir);
+        self.child = Self::spawn(self.port, &self.store, &self.env, &self.dir);
         self.wait_ready().await;
     }
 
@@ -340,8 +353,12 @@ impl ServiceProcess {
                     namespace: "ready".into(),
                     key: "ready".into(),
                 };
-                if client.get(request).await.is_ok() {
-                    return;
+                // Any answer but UNAVAILABLE: with a policy, an anonymous
+                // Get is UNAUTHENTICATED, and the service is up.
+                match client.get(request).await {
+                    Ok(_) => return,
+                    Err(status) if status.code() != tonic::Code::Unavailable => return,
+                    Err(_) => {}
                 }
             }
             assert!(
