@@ -876,3 +876,45 @@ async fn a_service_with_an_access_policy_takes_the_gateway_token() {
         (1, 0)
     );
 }
+
+#[tokio::test]
+async fn a_duplicate_whose_client_leaves_while_it_waits_changes_nothing() {
+    let rig = Rig::start(Store::Sqlite).await;
+    let first = tokio::spawn(
+        rig.post("/charges", Some("k"), "tenant-a")
+            .header("x-delay-ms", "1200")
+            .send(),
+    );
+    eventually(
+        "the first request reached the upstream",
+        Duration::from_secs(5),
+        || {
+            rig.upstream
+                .state
+                .started
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 1
+        },
+    )
+    .await;
+    // The duplicate's Claim waits for the first; its client gives up. The
+    // gateway releases with the duplicate's own lease token, which holds
+    // nothing: the first request's lease is untouched.
+    let impatient = rig
+        .post("/charges", Some("k"), "tenant-a")
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(impatient.unwrap_err().is_timeout());
+    let first = Answer::of(first.await.unwrap().unwrap()).await;
+    assert_eq!((first.status, first.replayed.clone()), (201, None));
+    let retry = Answer::of(
+        rig.post("/charges", Some("k"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(retry, first.as_replayed());
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+}
