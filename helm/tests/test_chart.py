@@ -1069,3 +1069,91 @@ def test_notes_report_tls_mutual_tls_and_the_policy_source_when_set():
 def test_notes_warn_about_a_plain_text_database_url():
     text = notes("--set", "database.url=postgres://u:p@db/idem", "--set", "database.allowPlainTextUrl=true")
     assert "WARNING: DATABASE_URL was given as plain text" in text
+
+
+# --- the gateway -----------------------------------------------------------------
+
+GATEWAY_ROUTES = '[[route]]\nmethod = "POST"\npath = "/v1/charges"\nnamespace = "charges"\n'
+GATEWAY_ON = (
+    "--set", "gateway.enabled=true",
+    "--set", "gateway.upstream=http://api.shop.svc:3000",
+    "--set-string", f"gateway.routes={GATEWAY_ROUTES}",
+)
+GATEWAY_SELECTOR = {**SELECTOR, "app.kubernetes.io/component": "gateway"}
+
+
+def test_the_gateway_is_off_by_default():
+    assert not [d for d in default() if d["metadata"]["name"].endswith("-gateway")]
+
+
+def test_the_gateway_renders_its_config_deployment_and_service_beside_the_server():
+    docs = render(*GATEWAY_ON)
+    assert kinds(docs) == sorted(
+        kinds(default())
+        + [
+            ("ConfigMap", "idempotency-service-gateway"),
+            ("Deployment", "idempotency-service-gateway"),
+            ("Service", "idempotency-service-gateway"),
+        ]
+    )
+    config = tomllib.loads(one(docs, "ConfigMap", "idempotency-service-gateway")["data"]["gateway.toml"])
+    assert config["listen"] == "0.0.0.0:8080"
+    assert config["admin_listen"] == "0.0.0.0:8465"
+    assert config["upstream"] == "http://api.shop.svc:3000"
+    assert config["service"] == f"http://idempotency-service.{NAMESPACE}.svc:50051"
+    assert config["route"] == [{"method": "POST", "path": "/v1/charges", "namespace": "charges"}]
+    assert "service_token_file" not in config
+    deployment = one(docs, "Deployment", "idempotency-service-gateway")
+    assert deployment["spec"]["selector"] == {"matchLabels": GATEWAY_SELECTOR}
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["/usr/local/bin/idempotency-gateway"]
+    server_pod = one(docs, "Deployment", "idempotency-service")["spec"]["template"]["spec"]
+    assert container["image"] == server_pod["containers"][0]["image"]
+    assert container["securityContext"] == server_pod["containers"][0]["securityContext"]
+    assert pod["securityContext"] == server_pod["securityContext"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    service = one(docs, "Service", "idempotency-service-gateway")
+    assert service["spec"]["selector"] == GATEWAY_SELECTOR
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    # The server's Service and PDB never select the gateway's pods.
+    assert one(docs, "Service", "idempotency-service")["spec"]["selector"] == SELECTOR
+    assert one(docs, "PodDisruptionBudget")["spec"]["selector"] == {"matchLabels": SELECTOR}
+
+
+def test_the_gateway_with_a_policy_presents_its_token_from_a_secret():
+    docs = render(
+        *GATEWAY_ON,
+        "--set", "gateway.tokenSecret=gateway-token",
+        "--set", "policy.existingSecret=idempotency-policy",
+    )
+    config = tomllib.loads(one(docs, "ConfigMap", "idempotency-service-gateway")["data"]["gateway.toml"])
+    assert config["service_token_file"] == "/etc/idempotency-gateway/token/token"
+    pod = one(docs, "Deployment", "idempotency-service-gateway")["spec"]["template"]["spec"]
+    assert volumes_of(pod)["token"]["secret"] == {
+        "secretName": "gateway-token",
+        "items": [{"key": "token", "path": "token"}],
+    }
+    assert mounts_of(pod["containers"][0])["token"]["mountPath"] == "/etc/idempotency-gateway/token"
+
+
+def test_the_network_policy_admits_the_charts_gateway():
+    docs = render(*GATEWAY_ON, "--set", "networkPolicy.enabled=true",
+                  "--set", "networkPolicy.grpcFrom[0].namespaceSelector.matchLabels.team=shop")
+    peers = one(docs, "NetworkPolicy")["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {"matchLabels": GATEWAY_SELECTOR}} in peers
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (("--set", "gateway.enabled=true"), "gateway.enabled needs gateway.upstream"),
+        ((*GATEWAY_ON, "--set", "tls.enabled=true", "--set", "tls.secretName=t"),
+         "the gateway does not speak TLS to the server yet"),
+        ((*GATEWAY_ON, "--set", "policy.existingSecret=p"), "needs gateway.tokenSecret"),
+        ((*GATEWAY_ON[:2], "--set", "gateway.upstream=https://api:443"), "/gateway/upstream"),
+    ],
+)
+def test_gateway_settings_that_cannot_work_fail_the_render(settings, message):
+    assert message in render_fails(*settings)

@@ -36,6 +36,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: server
 {{- end }}
 
+{{/* Labels that select the gateway's pods (never the server's). */}}
+{{- define "idempotency-service.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "idempotency-service.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end }}
+
 {{/* Labels of every resource. */}}
 {{- define "idempotency-service.labels" -}}
 helm.sh/chart: {{ include "idempotency-service.chart" . }}
@@ -231,6 +238,19 @@ what to change, rather than deploying something other than what was asked.
 {{- /* Each waiting Claim holds a call slot; the server lets at most half of them wait. */}}
 {{- if ge (int64 .Values.config.maxWaiters) (int64 .Values.limits.maxConcurrentCalls) }}
 {{- fail (printf "config.maxWaiters (%d) must be below limits.maxConcurrentCalls (%d): each waiting Claim is a call in flight (the server lets at most half of them wait)" (int64 .Values.config.maxWaiters) (int64 .Values.limits.maxConcurrentCalls)) }}
+{{- end }}
+{{- with .Values.gateway }}
+{{- if .enabled }}
+{{- if not .upstream }}
+{{- fail "gateway.enabled needs gateway.upstream: the API behind the gateway, http://host:port" }}
+{{- end }}
+{{- if $.Values.tls.enabled }}
+{{- fail "gateway.enabled with tls.enabled: the gateway does not speak TLS to the server yet; turn one off" }}
+{{- end }}
+{{- if and (include "idempotency-service.policyEnabled" $) (not .tokenSecret) }}
+{{- fail "gateway.enabled with a policy needs gateway.tokenSecret: a Secret whose key `token` is the gateway's bearer token" }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- $ports := list (int .Values.grpc.port) }}
 {{- if .Values.metrics.enabled }}{{ $ports = append $ports (int .Values.metrics.port) }}{{ end }}
