@@ -45,7 +45,7 @@ step() { printf '\n=== %s\n' "$*"; }
 step "what the tests need (PostgreSQL, RabbitMQ, NATS, tools)"
 bash scripts/ensure-services.sh
 
-step "release build (the workspace: the service, proto/ and bench/loadgen)"
+step "release build (the workspace: the service, proto/, bench/loadgen and gateway/)"
 cargo build --release --locked --workspace --bins --tests
 
 step "Rust tests (cargo nextest, release)"
