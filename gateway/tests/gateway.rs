@@ -166,18 +166,7 @@ async fn a_concurrent_duplicate_waits_and_gets_the_same_answer() {
         .header("x-delay-ms", "600")
         .send();
     let first = tokio::spawn(first);
-    eventually(
-        "the first request reached the upstream",
-        Duration::from_secs(5),
-        || {
-            rig.upstream
-                .state
-                .started
-                .load(std::sync::atomic::Ordering::SeqCst)
-                == 1
-        },
-    )
-    .await;
+    rig.until_upstream_started(1).await;
     let second = Answer::of(
         rig.post("/charges", Some("k"), "tenant-a")
             .header("x-delay-ms", "600")
@@ -234,18 +223,7 @@ async fn a_duplicate_still_in_flight_after_the_wait_is_409_with_retry_after() {
             .header("x-delay-ms", "1500")
             .send(),
     );
-    eventually(
-        "the first request reached the upstream",
-        Duration::from_secs(5),
-        || {
-            rig.upstream
-                .state
-                .started
-                .load(std::sync::atomic::Ordering::SeqCst)
-                == 1
-        },
-    )
-    .await;
+    rig.until_upstream_started(1).await;
     let second = Answer::of(
         rig.post("/impatient", Some("k"), "tenant-a")
             .send()
@@ -646,18 +624,7 @@ lease_ttl = "10s"
             .header("x-delay-ms", "800")
             .send(),
     );
-    eventually(
-        "the first request reached the upstream",
-        Duration::from_secs(5),
-        || {
-            rig.upstream
-                .state
-                .started
-                .load(std::sync::atomic::Ordering::SeqCst)
-                == 1
-        },
-    )
-    .await;
+    rig.until_upstream_started(1).await;
     rig.service.kill();
     // The effect happened: its client gets the upstream's answer, though
     // Complete could not be stored yet (its retries take about 1.5 s).
@@ -785,18 +752,7 @@ async fn sigterm_lets_the_request_in_flight_finish() {
             .header("x-delay-ms", "700")
             .send(),
     );
-    eventually(
-        "the request reached the upstream",
-        Duration::from_secs(5),
-        || {
-            rig.upstream
-                .state
-                .started
-                .load(std::sync::atomic::Ordering::SeqCst)
-                == 1
-        },
-    )
-    .await;
+    rig.until_upstream_started(1).await;
     rig.gateway.terminate();
     let answer = Answer::of(in_flight.await.unwrap().unwrap()).await;
     assert_eq!(
@@ -885,18 +841,7 @@ async fn a_duplicate_whose_client_leaves_while_it_waits_changes_nothing() {
             .header("x-delay-ms", "1200")
             .send(),
     );
-    eventually(
-        "the first request reached the upstream",
-        Duration::from_secs(5),
-        || {
-            rig.upstream
-                .state
-                .started
-                .load(std::sync::atomic::Ordering::SeqCst)
-                == 1
-        },
-    )
-    .await;
+    rig.until_upstream_started(1).await;
     // The duplicate's Claim waits for the first; its client gives up. The
     // gateway releases with the duplicate's own lease token, which holds
     // nothing: the first request's lease is untouched.

@@ -58,6 +58,16 @@ def wrapper(offset: str) -> List[str]:
     return [ensure_faketime(), "-f", offset]
 
 
+def missing() -> Optional[str]:
+    """Why libfaketime cannot be used here (a scenario's available()),
+    or None."""
+    try:
+        ensure_faketime()
+    except Exception as error:
+        return f"faketime (Debian's package) is missing: {error}"
+    return None
+
+
 def library() -> str:
     """The path of libfaketime.so.1 (Debian's faketime package)."""
     ensure_faketime()

@@ -60,14 +60,7 @@ class CitusClockSkew(CitusScenario):
         self._checked = False
 
     def available(self) -> Optional[str]:
-        reason = super().available()
-        if reason:
-            return reason
-        try:
-            clock.ensure_faketime()
-        except Exception as error:
-            return f"faketime (Debian's package) is missing: {error}"
-        return None
+        return super().available() or clock.missing()
 
     async def prepare(self, env: Env) -> None:
         await super().prepare(env)

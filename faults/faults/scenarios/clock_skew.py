@@ -55,11 +55,7 @@ class ClockSkew(Scenario):
     probe_lease_s = 2.0
 
     def available(self) -> Optional[str]:
-        try:
-            clock.ensure_faketime()
-        except Exception as error:
-            return f"faketime (Debian's package) is missing: {error}"
-        return None
+        return clock.missing()
 
     async def prepare(self, env: Env) -> None:
         # libfaketime preloaded into the server itself (LD_PRELOAD, FAKETIME),

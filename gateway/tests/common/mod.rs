@@ -523,6 +523,16 @@ pub struct Rig {
 }
 
 impl Rig {
+    /// Returns once `n` requests have reached the upstream (within 5 s).
+    pub async fn until_upstream_started(&self, n: u32) {
+        eventually(
+            &format!("{n} request(s) reached the upstream"),
+            Duration::from_secs(5),
+            || self.upstream.state.started.load(Ordering::SeqCst) == n,
+        )
+        .await;
+    }
+
     pub async fn start(store: Store) -> Self {
         Self::with_routes(store, "").await
     }

@@ -559,7 +559,7 @@ impl Feed {
         options: PgConnectOptions,
         home: bool,
         acks: &Acks,
-    ) -> Arc<Listened> {
+    ) {
         let node = Arc::new(Listened {
             notifier: Mutex::new(own_pool(&options, self.budget.timeout())),
             address,
@@ -575,8 +575,7 @@ impl Feed {
                 .unwrap_or_else(|e| e.into_inner())
                 .push(node.clone());
         }
-        tokio::spawn(self.clone().listen(node.clone(), acks.clone()));
-        node
+        tokio::spawn(self.clone().listen(node, acks.clone()));
     }
 
     /// Hands an event to every cache.
