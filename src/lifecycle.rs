@@ -16,7 +16,8 @@
 //! someone else?), and serves the common duplicate (a completed key) with a
 //! read instead of a write. No tonic, no SQL.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -369,6 +370,11 @@ impl<S: Store> Lifecycle<S> {
     /// expiry and keeps the first response.
     pub async fn complete(&self, request: CompleteRequest) -> Result<SystemTime, Error> {
         let request = self.validate_completion(request)?;
+        self.complete_validated(&request).await
+    }
+
+    /// `complete` for a request already validated.
+    async fn complete_validated(&self, request: &CompleteRequest) -> Result<SystemTime, Error> {
         if let Some(expires_at) = self
             .store
             .complete(
@@ -406,11 +412,50 @@ impl<S: Store> Lifecycle<S> {
         &self,
         requests: Vec<ClaimRequest>,
     ) -> Result<Vec<ClaimOutcome>, Error> {
-        let leases = requests
+        let leases = self.new_leases(requests)?;
+        self.claim_leases(&leases).await
+    }
+
+    /// `claim_many`, with each item's own error where the store can fail for
+    /// some keys and not others (Citus, a worker down): after the batch
+    /// fails UNAVAILABLE, each item is claimed on its own with the lease it
+    /// was given, so the keys that can be reached are answered (a lease the
+    /// batch took before it failed comes back as a retried Claim's). The call
+    /// still fails as a whole when every item failed, or for the call's own
+    /// reasons (an invalid item).
+    pub async fn claim_each(
+        &self,
+        requests: Vec<ClaimRequest>,
+    ) -> Result<Vec<Result<ClaimOutcome, Error>>, Error> {
+        let leases = self.new_leases(requests)?;
+        match self.claim_leases(&leases).await {
+            Ok(outcomes) => Ok(outcomes.into_iter().map(Ok).collect()),
+            Err(Error::Unavailable(_)) if self.store.fails_in_parts() => {
+                metrics::batch_split("claim");
+                all_failed_or_each(
+                    one_key_at_a_time(
+                        &leases,
+                        |l| (&l.namespace, &l.key),
+                        |lease| self.claim_lease(lease),
+                    )
+                    .await,
+                )
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The leases of a batch's Claims; an invalid item fails them all.
+    fn new_leases(&self, requests: Vec<ClaimRequest>) -> Result<Vec<NewLease>, Error> {
+        requests
             .into_iter()
             .enumerate()
             .map(|(i, request)| self.new_lease(request).map_err(|e| e.at_item(i)))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect()
+    }
+
+    /// `claim_many` for leases already made.
+    async fn claim_leases(&self, leases: &[NewLease]) -> Result<Vec<ClaimOutcome>, Error> {
         let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; leases.len()];
         // Round one: one step inserts every absent key and reads the others.
         // A key named again waits for the next round, which reads the lease
@@ -420,7 +465,7 @@ impl<S: Store> Lifecycle<S> {
             (0..leases.len()).partition(|&i| seen.insert((&leases[i].namespace, &leases[i].key)));
         drop(seen);
         let first = if again.is_empty() {
-            self.store.claim_or_fetch_many(&leases).await?
+            self.store.claim_or_fetch_many(leases).await?
         } else {
             let tried: Vec<NewLease> = firsts.iter().map(|&i| leases[i].clone()).collect();
             self.store.claim_or_fetch_many(&tried).await?
@@ -433,7 +478,7 @@ impl<S: Store> Lifecycle<S> {
                 FirstClaim::Raced => again.push(i),
             }
         }
-        again.extend(self.settle(&leases, read, &mut outcomes).await?);
+        again.extend(self.settle(leases, read, &mut outcomes).await?);
         for _ in 1..CLAIM_ROUNDS {
             if again.is_empty() {
                 break;
@@ -445,7 +490,7 @@ impl<S: Store> Lifecycle<S> {
                 .collect();
             let snapshots = self.store.fetch_many(&keys).await?;
             let read = again.iter().copied().zip(snapshots).collect();
-            again = self.settle(&leases, read, &mut outcomes).await?;
+            again = self.settle(leases, read, &mut outcomes).await?;
         }
         outcomes
             .into_iter()
@@ -508,12 +553,54 @@ impl<S: Store> Lifecycle<S> {
         &self,
         requests: Vec<CompleteRequest>,
     ) -> Result<Vec<Result<SystemTime, Error>>, Error> {
-        let requests = requests
+        let requests = self.validate_completions(requests)?;
+        self.complete_validated_many(&requests).await
+    }
+
+    /// `complete_many`, with each item's own error where the store can fail
+    /// for some keys and not others (Citus, a worker down): after the batch
+    /// fails UNAVAILABLE, each item is completed on its own (a Complete the
+    /// batch made before it failed answers OK again, as a retried Complete
+    /// does). The call still fails as a whole when every item failed.
+    pub async fn complete_each(
+        &self,
+        requests: Vec<CompleteRequest>,
+    ) -> Result<Vec<Result<SystemTime, Error>>, Error> {
+        let requests = self.validate_completions(requests)?;
+        match self.complete_validated_many(&requests).await {
+            Err(Error::Unavailable(_)) if self.store.fails_in_parts() => {
+                metrics::batch_split("complete");
+                all_failed_or_each(
+                    one_key_at_a_time(
+                        &requests,
+                        |r| (&r.namespace, &r.key),
+                        |request| self.complete_validated(request),
+                    )
+                    .await,
+                )
+            }
+            answered => answered,
+        }
+    }
+
+    /// The batch's Completes, validated; an invalid item fails them all.
+    fn validate_completions(
+        &self,
+        requests: Vec<CompleteRequest>,
+    ) -> Result<Vec<CompleteRequest>, Error> {
+        requests
             .into_iter()
             .enumerate()
             .map(|(i, r)| self.validate_completion(r).map_err(|e| e.at_item(i)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let done = self.store.complete_many(&requests).await?;
+            .collect()
+    }
+
+    /// `complete_many` for requests already validated.
+    async fn complete_validated_many(
+        &self,
+        requests: &[CompleteRequest],
+    ) -> Result<Vec<Result<SystemTime, Error>>, Error> {
+        let done = self.store.complete_many(requests).await?;
         for (request, done) in requests.iter().zip(&done) {
             if done.is_some() {
                 self.waiters.wake(&request.namespace, &request.key);
@@ -532,7 +619,7 @@ impl<S: Store> Lifecycle<S> {
         .into_iter();
         Ok(done
             .into_iter()
-            .zip(&requests)
+            .zip(requests)
             .map(|(done, request)| match done {
                 Some(expires_at) => Ok(expires_at),
                 None => match snapshots.next() {
@@ -741,6 +828,63 @@ fn judge(snapshot: Snapshot, offered: &NewLease) -> Verdict {
         },
         RecordState::Released => Verdict::Take(Take::Free),
     }
+}
+
+/// Runs `call` for every item: the items of one key one after another, in
+/// their order (so that the first of a key named twice goes first, as in a
+/// batch), different keys side by side. Each item's own result, in order.
+async fn one_key_at_a_time<'a, T, R, Fut>(
+    items: &'a [T],
+    key_of: impl Fn(&'a T) -> (&'a Namespace, &'a Key),
+    call: impl Fn(&'a T) -> Fut,
+) -> Vec<Result<R, Error>>
+where
+    Fut: Future<Output = Result<R, Error>>,
+{
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    let mut run_of = HashMap::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let run = *run_of.entry(key_of(item)).or_insert_with(|| {
+            runs.push(Vec::new());
+            runs.len() - 1
+        });
+        runs[run].push(i);
+    }
+    let call = &call;
+    let done = futures_util::future::join_all(runs.into_iter().map(|run| async move {
+        let mut results = Vec::with_capacity(run.len());
+        for i in run {
+            results.push((i, call(&items[i]).await));
+        }
+        results
+    }))
+    .await;
+    let mut results: Vec<Option<Result<R, Error>>> = (0..items.len()).map(|_| None).collect();
+    for (i, result) in done.into_iter().flatten() {
+        results[i] = Some(result);
+    }
+    results
+        .into_iter()
+        .map(|result| {
+            result.unwrap_or_else(|| Err(Error::Internal("a batch lost track of an item".into())))
+        })
+        .collect()
+}
+
+/// A batch's items tried one by one: their own results, unless none could
+/// reach the store, which is then the call's own UNAVAILABLE.
+fn all_failed_or_each<R>(results: Vec<Result<R, Error>>) -> Result<Vec<Result<R, Error>>, Error> {
+    if results
+        .iter()
+        .all(|r| matches!(r, Err(Error::Unavailable(_))))
+    {
+        // Every item failed (or there was none).
+        return match results.into_iter().next() {
+            Some(Err(error)) => Err(error),
+            _ => Ok(Vec::new()),
+        };
+    }
+    Ok(results)
 }
 
 #[cfg(test)]

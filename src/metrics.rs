@@ -187,11 +187,15 @@ fn describe() {
     );
     describe_counter!(
         "idempotency_wait_reads_total",
-        "Reads of a key by its waiters on this replica (one read serves them all), by cause: joined, woken (a Complete, Release or Purge announced), lease_expired (the holder's lease ran out), poll (the feed was not caught up, or the store announces nothing: Citus), lost (another replica took the key first)."
+        "Reads of a key by its waiters on this replica (one read serves them all), by cause: joined, woken (a Complete, Release or Purge announced), lease_expired (the holder's lease ran out), poll (the feed was not caught up), lost (another replica took the key first)."
     );
     describe_gauge!(
         "idempotency_wait_feed_fresh",
         "1 while the purge feed is caught up, so that waiters are woken by it; 0 while they poll instead."
+    );
+    describe_counter!(
+        "idempotency_batch_splits_total",
+        "Batches that asked for their items' own errors, failed UNAVAILABLE on a store whose keys live on several nodes (Citus), and were tried again item by item, by operation (claim, complete)."
     );
     describe_counter!(
         "idempotency_replay_cache_too_large_total",
@@ -366,6 +370,11 @@ pub fn record_call(labels: &NamespaceLabels, call: CallRecord<'_>) {
 
 pub fn record_tls_handshake_failure() {
     counter!("idempotency_tls_handshake_failures_total").increment(1);
+}
+
+/// A batch tried again item by item after it failed on one node (Citus).
+pub fn batch_split(operation: &'static str) {
+    counter!("idempotency_batch_splits_total", "operation" => operation).increment(1);
 }
 
 pub fn record_purge() {

@@ -51,6 +51,7 @@ support::conformance!(
     batch::claim_batch_refuses_an_invalid_item_by_index_and_changes_nothing,
     batch::complete_batch_answers_every_item_with_its_own_status,
     batch::concurrent_claim_batches_on_overlapping_keys_give_one_winner_per_key,
+    batch::with_item_errors_a_key_that_cannot_be_reached_fails_alone,
     wait::waiters_get_the_stored_response_when_the_holder_completes,
     wait::when_the_holder_releases_one_waiter_claims_and_the_rest_get_its_result,
     wait::when_the_holder_vanishes_one_waiter_takes_over_at_its_lease_expiry,

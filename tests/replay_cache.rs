@@ -158,7 +158,10 @@ async fn a_batch_of_duplicates_is_answered_item_by_item_from_the_cache_and_the_s
         .map(|k| claim_request(NS, k))
         .collect();
     let answers = cb
-        .claim_batch(ClaimBatchRequest { items })
+        .claim_batch(ClaimBatchRequest {
+            items,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()

@@ -65,6 +65,7 @@ async fn claim_twice_in_a_batch(client: &Client, key: &str) -> Vec<ClaimResponse
         .clone()
         .claim_batch(ClaimBatchRequest {
             items: vec![claim_request(NS, key), claim_request(NS, key)],
+            ..Default::default()
         })
         .await
         .unwrap()

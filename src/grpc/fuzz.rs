@@ -166,8 +166,8 @@ proptest! {
         let mut bytes = match kind % 8 {
             0 => claim.encode_to_vec(),
             1 => complete.encode_to_vec(),
-            6 => proto::ClaimBatchRequest { items: vec![claim.clone(), claim] }.encode_to_vec(),
-            7 => proto::CompleteBatchRequest { items: vec![complete] }.encode_to_vec(),
+            6 => proto::ClaimBatchRequest { items: vec![claim.clone(), claim], ..Default::default() }.encode_to_vec(),
+            7 => proto::CompleteBatchRequest { items: vec![complete], ..Default::default() }.encode_to_vec(),
             _ => proto::ExtendLeaseRequest {
                 namespace: "orders".into(),
                 key: "evt_123".into(),

@@ -336,13 +336,23 @@ fn complete_result(result: Result<SystemTime, Error>) -> proto::CompleteResult {
             message: String::new(),
             expires_at: timestamp(expires_at),
             reason: String::new(),
+            retry_after: None,
         },
-        Err(error) => proto::CompleteResult {
-            code: status::code_of(&error) as i32,
-            reason: error.reason().as_str().to_owned(),
-            message: error.to_string(),
-            expires_at: None,
-        },
+        Err(error) => {
+            let proto::ItemError {
+                code,
+                message,
+                reason,
+                retry_after,
+            } = status::item_error(&error);
+            proto::CompleteResult {
+                code,
+                message,
+                expires_at: None,
+                reason,
+                retry_after,
+            }
+        }
     }
 }
 
@@ -599,13 +609,18 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         request: Request<proto::ClaimBatchRequest>,
     ) -> Result<Response<proto::ClaimBatchResponse>, Status> {
         let (mut log, span) = self.start("ClaimBatch", &request);
-        let items = request.into_inner().items;
+        let proto::ClaimBatchRequest { items, item_errors } = request.into_inner();
         let result = async {
             self.check_batch_size(items.len())?;
             let requests = parse_items(items, parse_batch_claim)?;
             log.namespace = batch_namespace(requests.iter().map(|r| &r.namespace));
             check_items(&log.caller, requests.iter().map(|r| &r.namespace))?;
-            self.lifecycle.claim_many(requests).await
+            if item_errors {
+                self.lifecycle.claim_each(requests).await
+            } else {
+                let outcomes = self.lifecycle.claim_many(requests).await?;
+                Ok(outcomes.into_iter().map(Ok).collect())
+            }
         }
         .instrument(span)
         .await;
@@ -613,7 +628,16 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
             result,
             |o| batch_claim_outcome(o),
             |outcomes| proto::ClaimBatchResponse {
-                items: outcomes.into_iter().map(claim_response).collect(),
+                items: outcomes
+                    .into_iter()
+                    .map(|outcome| match outcome {
+                        Ok(outcome) => claim_response(outcome),
+                        Err(error) => proto::ClaimResponse {
+                            error: Some(status::item_error(&error)),
+                            ..Default::default()
+                        },
+                    })
+                    .collect(),
             },
         )
     }
@@ -623,13 +647,17 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
         request: Request<proto::CompleteBatchRequest>,
     ) -> Result<Response<proto::CompleteBatchResponse>, Status> {
         let (mut log, span) = self.start("CompleteBatch", &request);
-        let items = request.into_inner().items;
+        let proto::CompleteBatchRequest { items, item_errors } = request.into_inner();
         let result = async {
             self.check_batch_size(items.len())?;
             let requests = parse_items(items, parse_complete)?;
             log.namespace = batch_namespace(requests.iter().map(|r| &r.namespace));
             check_items(&log.caller, requests.iter().map(|r| &r.namespace))?;
-            self.lifecycle.complete_many(requests).await
+            if item_errors {
+                self.lifecycle.complete_each(requests).await
+            } else {
+                self.lifecycle.complete_many(requests).await
+            }
         }
         .instrument(span)
         .await;
@@ -694,10 +722,12 @@ impl<S: Store> IdempotencyService for IdempotencyApi<S> {
     }
 }
 
-fn batch_claim_outcome(outcomes: &[ClaimOutcome]) -> &'static str {
-    if outcomes
+fn batch_claim_outcome(outcomes: &[Result<ClaimOutcome, Error>]) -> &'static str {
+    if outcomes.iter().any(Result::is_err) {
+        "items_failed"
+    } else if outcomes
         .iter()
-        .any(|o| matches!(o, ClaimOutcome::Claimed { .. }))
+        .any(|o| matches!(o, Ok(ClaimOutcome::Claimed { .. })))
     {
         "claimed"
     } else {

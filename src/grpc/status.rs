@@ -14,6 +14,7 @@ use std::time::SystemTime;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use super::proto;
 use crate::error::Error;
 
 /// ErrorInfo's `domain`: the service that decided the error.
@@ -48,6 +49,26 @@ pub fn to_status(error: Error) -> Status {
         details.add_bad_request_violation(field.to_string(), reason.to_string());
     }
     Status::with_error_details(code, error.to_string(), details)
+}
+
+/// The status of one item of a batch whose other items were answered (a
+/// CompleteBatch's NOT_FOUND or FAILED_PRECONDITION, or an item the store
+/// could not reach): its code, message, reason and retry delay, as its own
+/// call's status would carry them. Causes are logged here, as for a call.
+pub fn item_error(error: &Error) -> proto::ItemError {
+    match error {
+        Error::Unavailable(cause) => {
+            tracing::warn!(error = %cause, "store unavailable for a batch item")
+        }
+        Error::Internal(cause) => tracing::error!(error = %cause, "internal error in a batch item"),
+        _ => {}
+    }
+    proto::ItemError {
+        code: code_of(error) as i32,
+        message: error.to_string(),
+        reason: error.reason().as_str().to_owned(),
+        retry_after: error.retry_delay().and_then(|d| d.try_into().ok()),
+    }
 }
 
 /// A time as RFC 3339 (UTC, microseconds), for ErrorInfo's metadata.

@@ -353,6 +353,10 @@ impl<S: Store> Store for Cached<S> {
         self.inner.announces()
     }
 
+    fn fails_in_parts(&self) -> bool {
+        self.inner.fails_in_parts()
+    }
+
     async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
         if let Some(snapshot) = self.cache.replay(&lease.namespace, &lease.key) {
             return Ok(FirstClaim::Found(snapshot));

@@ -288,6 +288,10 @@ impl<S: Store> Store for Coalesced<S> {
         self.inner.announces()
     }
 
+    fn fails_in_parts(&self) -> bool {
+        self.inner.fails_in_parts()
+    }
+
     async fn claim_or_fetch(&self, lease: &NewLease) -> Result<FirstClaim, Error> {
         self.firsts
             .call(lease.clone())

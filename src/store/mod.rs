@@ -65,6 +65,13 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// How a waiting Claim hears that a key it watches changed.
     fn announces(&self) -> Announces;
 
+    /// Whether one batch can fail for some of its keys and not others: on
+    /// Citus, a batch's keys live on several workers and one may be down.
+    /// Where it can, a batch that asked for its items' own errors is tried
+    /// again item by item after a failure; elsewhere every key is reached or
+    /// none is, and the batch's failure is the answer.
+    fn fails_in_parts(&self) -> bool;
+
     /// Takes the key if, at the instant of the statement, it is absent,
     /// expired, released, or in progress under an expired lease, and its
     /// fingerprint does not conflict. `None` when it was not claimable. A

@@ -559,6 +559,10 @@ impl Store for SqliteStore {
         super::Announces::InProcess
     }
 
+    fn fails_in_parts(&self) -> bool {
+        false
+    }
+
     async fn close(&self) {
         self.readers.close().await;
         self.writer.close().await;

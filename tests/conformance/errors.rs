@@ -108,6 +108,7 @@ pub async fn every_refusal_names_its_reason_in_error_info(backend: Backend) {
                 complete_request("nothing", &own_token(), b"r"),
                 complete_request("done", &own_token(), b"r"),
             ],
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -140,6 +140,7 @@ pub async fn a_claim_batch_item_with_its_own_token_is_retry_safe(backend: Backen
             claim_with_token("b", &tokens[1]),
             claim_request(NS, "c"),
         ],
+        ..Default::default()
     };
     let first = client
         .claim_batch(batch.clone())

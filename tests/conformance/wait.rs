@@ -432,6 +432,7 @@ pub async fn without_wait_or_retried_a_claim_answers_at_once_and_bad_waits_are_r
                     claim_with_token("b1", &own_token()),
                     waiting_request("b2", Duration::from_secs(1)),
                 ],
+                ..Default::default()
             })
             .await,
         Code::InvalidArgument,

@@ -160,6 +160,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
                         claim_request("team-a", "batch"),
                         claim_request("team-b", "batch"),
                     ],
+                    ..Default::default()
                 },
             ))
             .await
@@ -181,6 +182,7 @@ async fn a_caller_confined_to_its_namespaces_can_neither_read_nor_claim_nor_rele
                         &held.lease_token,
                         b"forged",
                     )],
+                    ..Default::default()
                 },
             ))
             .await

@@ -201,7 +201,13 @@ impl Caller {
             })
             .collect();
         let started = Instant::now();
-        let result = self.client.claim_batch(ClaimBatchRequest { items }).await;
+        let result = self
+            .client
+            .claim_batch(ClaimBatchRequest {
+                items,
+                ..Default::default()
+            })
+            .await;
         self.stats.latency("ClaimBatch", started.elapsed());
         let response = match result {
             Ok(response) => response.into_inner(),
