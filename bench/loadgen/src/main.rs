@@ -30,7 +30,8 @@
 //! It is its own crate in the workspace, so its dependencies (HdrHistogram,
 //! hyper's client) stay out of the service's; it takes the generated client
 //! from the workspace's proto crate (`idempotency_proto::v1`), not from the
-//! service, so none of the service's dependencies are in its build.
+//! service. The crate's second binary, `idempotency-floor` (src/floor), is
+//! the minimal server the service is measured against; only it uses sqlx.
 
 #![forbid(unsafe_code)]
 
