@@ -19,6 +19,15 @@
 # 64-key upsert; then the service-only scenarios (contended, mixed) and
 # Claim+Complete at the default info logging, to show the per-call log line.
 #
+# The floors (issue 34): at BENCH_FLOOR_LEVELS, right after the service's
+# Claim+Complete at that level, the same load against idempotency-floor
+# (bench/loadgen/src/floor), a minimal tonic server of the same RPCs: bare
+# (fixed answers, no database), then with a database (each Claim the
+# hand-written upsert, each Complete the guarded UPDATE, one prepared
+# statement per RPC through sqlx, on the hand-written table). The summary
+# prints the server's CPU per RPC for the three and the service's ratios to
+# both floors.
+#
 # Every point starts the same way: the table emptied, 100 completed keys
 # seeded, VACUUM ANALYZE, CHECKPOINT. So plans are made on a table analysed
 # at 100 rows, as on a new deployment. Each point records throughput, p50 and
@@ -46,6 +55,7 @@
 #   BENCH_CONNECTIONS   HTTP/2 connections of the load generator (default: one per caller)
 #   BENCH_INFO_LEVELS   levels of Claim+Complete at RUST_LOG=info ("1 64"; smoke "8")
 #   BENCH_EXTRA_LEVELS  levels of the service-only scenarios contended and mixed ("64"; smoke "8")
+#   BENCH_FLOOR_LEVELS  levels of the two floors' Claim+Complete ("1 8 64"; smoke "8"; "" for none)
 #   BENCH_RESPONSE_BYTES  the stored result's size (200)
 #   BENCH_PGBENCH_MAX_CLIENTS  cap on pgbench -c (default: max_connections - 26,
 #                       leaving room for the server's pool of 16)
@@ -98,6 +108,7 @@ if ((smoke)); then
   levels="${BENCH_LEVELS:-1 8}"
   info_levels="${BENCH_INFO_LEVELS-8}"
   extra_levels="${BENCH_EXTRA_LEVELS-8}"
+  floor_levels="${BENCH_FLOOR_LEVELS-8}"
 else
   quiet_wait="${BENCH_QUIET_WAIT:-180}"
   retries="${BENCH_RETRIES:-2}"
@@ -106,6 +117,7 @@ else
   levels="${BENCH_LEVELS:-1 8 32 64 256}"
   info_levels="${BENCH_INFO_LEVELS-1 64}"
   extra_levels="${BENCH_EXTRA_LEVELS-64}"
+  floor_levels="${BENCH_FLOOR_LEVELS-1 8 64}"
 fi
 operations="${BENCH_OPERATIONS:-claim-complete duplicate claim claim-batch}"
 as_sent="${BENCH_AS_SENT:-1}"
@@ -157,6 +169,11 @@ cp "$server_source" "$out/bin/idempotency-service"
 cp target/release/idempotency-bench "$out/bin/"
 server_bin="$out/bin/idempotency-service"
 bench_bin="$out/bin/idempotency-bench"
+if [[ -n "$floor_levels" ]]; then
+  [[ -x target/release/idempotency-floor ]] || die "missing target/release/idempotency-floor"
+  cp target/release/idempotency-floor "$out/bin/"
+fi
+floor_bin="$out/bin/idempotency-floor"
 
 # --- The pgbench scripts ------------------------------------------------------------
 pgbench_dir="$out/pgbench"
@@ -214,6 +231,7 @@ pgbench_cap="${BENCH_PGBENCH_MAX_CLIENTS:-$((max_connections - 26))}"
   echo "server environment: ${BENCH_SERVER_ENV:-(defaults)}"
   echo "hand-written statements' PGOPTIONS: ${BENCH_HANDWRITTEN_OPTIONS:-(none)}"
   echo "seconds per point: $seconds; warm-up (service): $warmup; levels: $levels; pgbench clients capped at $pgbench_cap"
+  echo "floors (bare, database) at: ${floor_levels:-(none)}"
   echo "load generator connections: ${BENCH_CONNECTIONS:-one per caller}; stored result: $response_bytes bytes"
 } >"$out/machine.txt"
 cat "$out/machine.txt" >&2
@@ -430,11 +448,25 @@ start_server() { # rust_log logfile
   target=$service_target
 }
 
-service_point() { # label scenario level rust_log
-  local label="$1" scenario="$2" level="$3" rust_log="$4" status=0 bench_pid deadline
+# A floor instead of the service: idempotency-floor in MODE (bare, database),
+# on the hand-written table, with none of BENCH_SERVER_ENV (the service's
+# settings).
+start_floor() { # mode logfile
+  server_bin="$floor_bin" start_service "$db_url" warn "$2" IDEMPOTENCY_FLOOR="$1"
+  server_pid=$service_pid
+  target=$service_target
+}
+
+service_point() { # label scenario level rust_log [floor mode]
+  local label="$1" scenario="$2" level="$3" rust_log="$4" floor="${5:-}" status=0 bench_pid deadline
   local name="service-$label-c$level" namespace="svc-$label-c$level"
-  prepare_tables idempotency_records "$namespace"
-  start_server "$rust_log" "$out/points/$name.server.log"
+  if [[ -n "$floor" ]]; then
+    prepare_tables idempotency_keys "$namespace"
+    start_floor "$floor" "$out/points/$name.server.log"
+  else
+    prepare_tables idempotency_records "$namespace"
+    start_server "$rust_log" "$out/points/$name.server.log"
+  fi
   log "service $label: $level callers, ${seconds}s (+$warmup warm-up)"
   "$bench_bin" --target "$target" --scenario "$scenario" --concurrency "$level" \
     --connections "${BENCH_CONNECTIONS:-$level}" --duration "${seconds}s" --warmup "$warmup" \
@@ -463,6 +495,15 @@ service_point() { # label scenario level rust_log
   ((status == 0)) || log "idempotency-bench $label at $level failed (exit $status): see $out/points/$name.out"
 }
 
+# The two floors' Claim+Complete at one level.
+floors_done=" "
+floor_points() { # level
+  measured service_point floor-bare claim-complete "$1" warn bare
+  measured service_point floor-database claim-complete "$1" warn database
+  floors_done+="$1 "
+}
+is_floor_level() { [[ " $floor_levels " == *" $1 "* ]]; }
+
 # --- The run ----------------------------------------------------------------------------
 # operation (the load generator's scenario) : hand-written script : the store's script
 declare -A comparisons=(
@@ -480,7 +521,13 @@ for operation in $operations; do
       measured pgbench_point as-sent "$store_script" "$level"
     fi
     measured service_point "$operation" "$operation" "$level" warn
+    if [[ "$operation" == claim-complete ]] && is_floor_level "$level"; then floor_points "$level"; fi
   done
+done
+# Floor levels the loop above did not reach (not in BENCH_LEVELS, or no
+# claim-complete in BENCH_OPERATIONS).
+for level in $floor_levels; do
+  [[ "$floors_done" == *" $level "* ]] || floor_points "$level"
 done
 for scenario in contended mixed; do
   for level in $extra_levels; do measured service_point "$scenario" "$scenario" "$level" warn; done

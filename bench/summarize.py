@@ -184,6 +184,40 @@ def ratio(a, b):
     return a / b
 
 
+def floors(svc, hw, problems):
+    """One row per level that has a floor point: the server's CPU per RPC of
+    the service (Claim+Complete at RUST_LOG=warn) and of both floors, the
+    service's ratios to them, the cycle rates and PostgreSQL's CPU per cycle.
+    A floor point without a server CPU or rate is a problem."""
+    rows = []
+    for level in sorted({lvl for label, lvl in svc if label.startswith("floor-")}):
+        points = {
+            "service": svc.get(("claim-complete", level)),
+            "bare": svc.get(("floor-bare", level)),
+            "database": svc.get(("floor-database", level)),
+        }
+        server, pg, rate = {}, {}, {}
+        for side, p in points.items():
+            cpu = (p or {}).get("cpu_us_per_op") or {}
+            # Two RPCs per Claim+Complete cycle.
+            server[side] = None if cpu.get("server") is None else cpu["server"] / 2
+            pg[side] = cpu.get("postgres")
+            rate[side] = (p or {}).get("rate")
+            if side != "service" and p is not None and (server[side] is None or not rate[side]):
+                problems.append(f"floor {side} c{level}: no server CPU or rate")
+        y = hw.get(("claim-complete", level)) or {}
+        pg["handwritten"] = (y.get("cpu_us_per_op") or {}).get("postgres")
+        rows.append({
+            "level": level,
+            "server_us_per_rpc": server,
+            "ratio_bare": ratio(server["service"], server["bare"]),
+            "ratio_database": ratio(server["service"], server["database"]),
+            "rate": rate,
+            "pg_us_per_cycle": pg,
+        })
+    return rows
+
+
 def load_point(path, problems):
     point = json.load(open(path))
     point["path"] = path
@@ -299,7 +333,8 @@ def main():
     ]
     for p in sorted(points, key=lambda p: (p["scenario"], p["level"], p["source"], p.get("side", ""))):
         cpu = p.get("cpu_us_per_op") or {}
-        side = p.get("side") or f"service {p['label']}"
+        label = p.get("label", "")
+        side = p.get("side") or (f"floor {label[6:]}" if label.startswith("floor-") else f"service {label}")
         unit = " keys" if p["scenario"] in KEYS_PER_STATEMENT or p["scenario"] == "claim-batch" else ""
         rss, hwm = p.get("server_rss_kib"), p.get("server_hwm_kib")
         memory = "" if rss is None else f"{rss / 1024:.1f} / {hwm / 1024:.1f}"
@@ -310,6 +345,25 @@ def main():
             f"| {fmt(p.get('seq_tuples_read'))} | {fmt(fsync_ms(p), 2)} | {fmt(other_load(p))} | {memory} |"
         )
     lines.append("")
+
+    floor_rows = floors(svc, hw, problems)
+    if floor_rows:
+        lines += [
+            "## The floors (Claim+Complete; ratio = service / floor)",
+            "",
+            "The server's CPU per RPC (its CPU per cycle / 2) for the service, idempotency-floor bare (fixed answers, no database) and idempotency-floor with a database (one prepared statement per RPC through sqlx: the hand-written upsert, then the guarded UPDATE), under the same load; then PostgreSQL's CPU per cycle for the service, the database floor and pgbench running the same hand-written statements.",
+            "",
+            "| callers | server CPU µs/RPC: service | bare floor | database floor | service / bare | service / database floor | cycles/s: service | bare | database floor | PostgreSQL CPU µs/cycle: service | database floor | hand-written (pgbench) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in floor_rows:
+            lines.append(
+                f"| {r['level']} | {fmt(r['server_us_per_rpc']['service'])} | {fmt(r['server_us_per_rpc']['bare'])} "
+                f"| {fmt(r['server_us_per_rpc']['database'])} | **{fmt(r['ratio_bare'], 2)}x** | **{fmt(r['ratio_database'], 2)}x** "
+                f"| {fmt(r['rate']['service'])} | {fmt(r['rate']['bare'])} | {fmt(r['rate']['database'])} "
+                f"| {fmt(r['pg_us_per_cycle']['service'])} | {fmt(r['pg_us_per_cycle']['database'])} | {fmt(r['pg_us_per_cycle']['handwritten'])} |"
+            )
+        lines.append("")
 
     info_levels = [lvl for lvl in levels if ("claim-complete-info", lvl) in svc]
     if info_levels:
@@ -368,6 +422,38 @@ def main():
         lines.append(f"| {text} | {fmt(value, 2)}{unit if value is not None else ''} | {verdict} |")
     lines.append("")
 
+    # Issue 34's targets, from this run's numbers (a separate list, so issue
+    # 13's stays as it was).
+    issue_13 = len(targets)
+    by_level = {r["level"]: r for r in floor_rows}
+    for level in (8, 64):
+        r = by_level.get(level)
+        if r:
+            target(f"server CPU per RPC at {level} callers <= 2x the bare floor's", r["ratio_bare"], 2.0, True)
+            target(f"server CPU per RPC at {level} callers <= 1.5x the database floor's", r["ratio_database"], 1.5, True)
+    for level, most in ((1, 1.0), (8, 1.0), (64, 0.5)):
+        c = row("claim-complete", level)
+        if c:
+            target(f"PostgreSQL CPU per Claim+Complete at {level} callers <= {most}x the hand-written pair's",
+                   c["pg_cpu_ratio"], most, True)
+    for level, least in ((1, 0.6), (8, 0.8), (64, 1.3)):
+        c = row("claim-complete", level)
+        if c:
+            target(f"Claim+Complete at {level} callers >= {least}x the hand-written pair", c["ratio"], least)
+    for c in comparisons:
+        if c["operation"] == "duplicate":
+            target(f"duplicates at {c['level']} callers >= 2x the hand-written upsert", c["ratio"], 2.0)
+    for level in (8, 64):
+        c = row("claim-complete", level)
+        if c:
+            target(f"Claim+Complete p99 at {level} callers <= 1.5x the hand-written pair's", c["p99_ratio"], 1.5, True)
+    if len(targets) > issue_13:
+        lines += ["## Issue 34's targets, from this run", "", "| target | measured | met |", "|---|---:|---|"]
+        for text, value, met, unit in targets[issue_13:]:
+            verdict = "n/a" if met is None else ("yes" if met else "**no**")
+            lines.append(f"| {text} | {fmt(value, 2)}{unit if value is not None else ''} | {verdict} |")
+        lines.append("")
+
     if problems:
         lines += ["## Problems", ""] + [f"- {p}" for p in problems] + [""]
 
@@ -379,6 +465,7 @@ def main():
         json.dump(
             {
                 "comparisons": comparisons,
+                "floors": floor_rows,
                 "targets": [{"target": t, "value": v, "met": m} for t, v, m, _ in targets],
                 "points": points,
                 "problems": problems,
