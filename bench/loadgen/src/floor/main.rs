@@ -282,7 +282,7 @@ impl Uuid {
         let mut bytes = [0u8; 16];
         for (i, pair) in text.chunks_exact(2).enumerate() {
             let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-            bytes[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+            bytes[i] = (digit(pair[0])? << 4) | digit(pair[1])?;
         }
         Some(Uuid(bytes))
     }

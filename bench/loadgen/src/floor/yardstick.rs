@@ -11,6 +11,7 @@
 const SCRIPT: &str = include_str!("../../../handwritten/claim-complete.sql");
 
 /// The two statements of one Claim+Complete cycle.
+#[derive(Debug)]
 pub struct Statements {
     /// The claiming upsert: `$1` namespace, `$2` key; returns `fencing`
     /// (bigint) and `lease_token` (uuid), or no row when the key is held or
