@@ -174,6 +174,12 @@ def fmt(value, digits=0):
     return f"{value:,.{digits}f}"
 
 
+def times(value):
+    """A ratio in bold with its x, or n/a (a floor whose CPU was too small to
+    count, in a smoke run's short points)."""
+    return "n/a" if value is None else f"**{value:,.2f}x**"
+
+
 def ms(us):
     return "n/a" if us is None else f"{us / 1000:.2f}"
 
@@ -359,7 +365,7 @@ def main():
         for r in floor_rows:
             lines.append(
                 f"| {r['level']} | {fmt(r['server_us_per_rpc']['service'])} | {fmt(r['server_us_per_rpc']['bare'])} "
-                f"| {fmt(r['server_us_per_rpc']['database'])} | **{fmt(r['ratio_bare'], 2)}x** | **{fmt(r['ratio_database'], 2)}x** "
+                f"| {fmt(r['server_us_per_rpc']['database'])} | {times(r['ratio_bare'])} | {times(r['ratio_database'])} "
                 f"| {fmt(r['rate']['service'])} | {fmt(r['rate']['bare'])} | {fmt(r['rate']['database'])} "
                 f"| {fmt(r['pg_us_per_cycle']['service'])} | {fmt(r['pg_us_per_cycle']['database'])} | {fmt(r['pg_us_per_cycle']['handwritten'])} |"
             )
