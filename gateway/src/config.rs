@@ -6,6 +6,10 @@
 //! upstream = "http://127.0.0.1:3000"
 //! service = "http://127.0.0.1:50051"
 //!
+//! [tls]                       # optional: without it, plain HTTP
+//! cert_file = "/etc/tls/tls.crt"
+//! key_file = "/etc/tls/tls.key"
+//!
 //! [identity]
 //! header = "x-api-key"
 //!
@@ -19,11 +23,13 @@
 //! lists them. Durations use the human form (`30s`, `5m`, `24h`).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode, Uri};
 use serde::Deserialize;
+
+use crate::tls::TlsFiles;
 
 /// The service's longest namespace, in bytes.
 const MAX_NAMESPACE_BYTES: usize = 128;
@@ -34,6 +40,9 @@ pub const IDENTITY_SUFFIX_BYTES: usize = 33;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// TLS on `listen` (HTTP/1.1 and HTTP/2 by ALPN); without it, plain
+    /// HTTP/1.1 and h2c.
+    pub tls: Option<TlsFiles>,
     /// Health (`/healthz`, `/readyz`) and Prometheus metrics (`/metrics`).
     pub admin_listen: Option<SocketAddr>,
     /// Scheme and authority of the API behind the gateway.
@@ -260,6 +269,7 @@ impl Config {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     listen: String,
+    tls: Option<TlsFile>,
     admin_listen: Option<String>,
     upstream: String,
     #[serde(default)]
@@ -273,6 +283,14 @@ struct FileConfig {
     headers: HeadersFile,
     #[serde(default, rename = "route")]
     routes: Vec<RouteFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsFile {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    reload_interval: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -386,6 +404,24 @@ impl FileConfig {
                     .map_err(|e| format!("admin_listen: {text:?}: {e}"))?,
             ),
         };
+        let tls = match self.tls {
+            None => None,
+            Some(file) => {
+                let reload_interval = duration(
+                    "tls.reload_interval",
+                    file.reload_interval.as_deref(),
+                    Duration::from_secs(10),
+                )?;
+                if reload_interval.is_zero() {
+                    return Err("tls.reload_interval: must be positive".to_owned());
+                }
+                Some(TlsFiles {
+                    cert: file.cert_file,
+                    key: file.key_file,
+                    reload_interval,
+                })
+            }
+        };
         let identity = match self.identity {
             None => None,
             Some(file) => Some(Identity {
@@ -421,6 +457,7 @@ impl FileConfig {
         }
         Ok(Config {
             listen,
+            tls,
             admin_listen,
             upstream: uri("upstream", &self.upstream)?,
             upstream_http2: self.upstream_http2,
@@ -638,6 +675,29 @@ mod tests {
         assert_eq!(
             Config::parse(&text).unwrap().routes[0].fingerprint,
             Fingerprint::JsonFields(vec!["amount".to_owned()])
+        );
+    }
+
+    #[test]
+    fn tls_is_off_without_its_table_and_names_its_files_with_it() {
+        assert_eq!(Config::parse(MINIMAL).unwrap().tls, None);
+        let text = format!(
+            "{MINIMAL}\n[tls]\ncert_file = \"/etc/tls/tls.crt\"\nkey_file = \"/etc/tls/tls.key\"\n"
+        );
+        assert_eq!(
+            Config::parse(&text).unwrap().tls,
+            Some(TlsFiles {
+                cert: PathBuf::from("/etc/tls/tls.crt"),
+                key: PathBuf::from("/etc/tls/tls.key"),
+                reload_interval: Duration::from_secs(10),
+            })
+        );
+        let no_key = format!("{MINIMAL}\n[tls]\ncert_file = \"/etc/tls/tls.crt\"\n");
+        assert!(Config::parse(&no_key).unwrap_err().contains("key_file"));
+        let zero = format!("{text}reload_interval = \"0s\"\n");
+        assert_eq!(
+            Config::parse(&zero).unwrap_err(),
+            "tls.reload_interval: must be positive"
         );
     }
 }

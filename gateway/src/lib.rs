@@ -6,6 +6,8 @@
 //!
 //! - [`server`]: the listeners (the proxy's, HTTP/1.1 and h2c on one port;
 //!   the admin port's health and metrics) and graceful shutdown.
+//! - [`tls`]: TLS on the proxy's listener (rustls, ALPN `h2` and
+//!   `http/1.1`), its certificate re-read when the files change.
 //! - [`flow`]: what a guarded request goes through: the key, the Claim, the
 //!   upstream call under a kept-alive lease, Complete or Release, the replay.
 //! - [`proxy`]: the upstream client and the header rules of a reverse proxy
@@ -32,6 +34,7 @@ pub mod request;
 pub mod server;
 pub mod service;
 pub mod stored;
+pub mod tls;
 
 /// The body type of every request and response the gateway handles.
 pub type Body = http_body_util::combinators::BoxBody<bytes::Bytes, BoxError>;

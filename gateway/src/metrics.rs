@@ -101,3 +101,9 @@ pub fn service_error(method: &'static str, status: &tonic::Status) {
     )
     .increment(1);
 }
+
+/// A connection to the TLS listener whose handshake failed or timed out
+/// (a plain-HTTP client, an unknown certificate authority, a silent peer).
+pub fn tls_handshake_failed() {
+    metrics::counter!("idempotency_gateway_tls_handshake_failures_total").increment(1);
+}

@@ -1,11 +1,13 @@
-//! The listeners: the proxy's (HTTP/1.1 and HTTP/2 with prior knowledge,
-//! h2c, on one port) and the admin port's (`/healthz`, `/readyz`,
+//! The listeners: the proxy's (HTTP/1.1 and HTTP/2 on one port: h2c with
+//! prior knowledge, or both by ALPN over TLS, see [`crate::tls`]) and the
+//! admin port's (`/healthz`, `/readyz`,
 //! `/metrics`); and graceful shutdown, which stops accepting and lets the
 //! requests in flight finish, up to the configured timeout.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::io::Write;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -15,12 +17,16 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
+use crate::Body;
 use crate::flow::Gateway;
+use crate::metrics;
+use crate::tls::{self, Certificate};
 
 /// Binds the ports, says where on stdout (`listening on http://ADDR`,
 /// `admin on http://ADDR`: a port 0 in the config becomes the real one),
@@ -31,6 +37,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
     let gateway = Arc::new(gateway);
+    // Before binding: a certificate that does not load stops the start.
+    let certificate = match &gateway.config.tls {
+        None => None,
+        Some(files) => Some(Certificate::open(files)?),
+    };
     let listener = TcpListener::bind(gateway.config.listen)
         .await
         .map_err(|e| format!("listen: cannot bind {}: {e}", gateway.config.listen))?;
@@ -44,13 +55,21 @@ pub async fn run(
             Some(admin)
         }
     };
-    announce(&format!("listening on http://{addr}"));
+    let scheme = if certificate.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    announce(&format!("listening on {scheme}://{addr}"));
     if let Some(admin) = admin {
         let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
         announce(&format!("admin on http://{admin_addr}"));
         tokio::spawn(serve_admin(admin, gateway.clone(), metrics));
     }
-    info!(%addr, upstream = %gateway.config.upstream, service = %gateway.config.service,
+    let _reload = certificate
+        .clone()
+        .map(|certificate| AbortOnDrop(tokio::spawn(certificate.watch())));
+    info!(%addr, tls = certificate.is_some(), upstream = %gateway.config.upstream, service = %gateway.config.service,
         routes = gateway.config.routes.len(), "idempotency-gateway started");
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -77,13 +96,37 @@ pub async fn run(
                     let gateway = gateway.clone();
                     async move { Ok::<_, Infallible>(gateway.handle(request, peer).await) }
                 });
-                let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        debug!(%peer, %error, "connection ended with an error");
+                let builder = builder.clone();
+                let watcher = graceful.watcher();
+                match &certificate {
+                    None => {
+                        tokio::spawn(serve(builder, stream, service, watcher, peer));
                     }
-                });
+                    Some(certificate) => {
+                        // The handshake runs in the connection's own task,
+                        // under a timeout, so a slow client delays no other.
+                        let acceptor = certificate.acceptor();
+                        tokio::spawn(async move {
+                            let handshake = tokio::time::timeout(
+                                tls::HANDSHAKE_TIMEOUT,
+                                acceptor.accept(stream),
+                            );
+                            match handshake.await {
+                                Ok(Ok(stream)) => {
+                                    serve(builder, stream, service, watcher, peer).await;
+                                }
+                                Ok(Err(error)) => {
+                                    debug!(%peer, %error, "TLS handshake failed");
+                                    metrics::tls_handshake_failed();
+                                }
+                                Err(_) => {
+                                    debug!(%peer, "TLS handshake timed out");
+                                    metrics::tls_handshake_failed();
+                                }
+                            }
+                        });
+                    }
+                }
             }
             () = &mut shutdown => break,
         }
@@ -97,6 +140,37 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// Serves one connection (plain or TLS) until it closes, or until the
+/// shutdown's watcher has let its requests in flight finish.
+async fn serve<I, S>(
+    builder: auto::Builder<TokioExecutor>,
+    io: I,
+    service: S,
+    watcher: Watcher,
+    peer: SocketAddr,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let connection = builder.serve_connection(TokioIo::new(io), service);
+    if let Err(error) = watcher.watch(connection.into_owned()).await {
+        debug!(%peer, %error, "connection ended with an error");
+    }
+}
+
+/// Aborts its task when dropped: the certificate's reload stops with the
+/// server.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn announce(line: &str) {

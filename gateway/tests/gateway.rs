@@ -863,3 +863,96 @@ async fn a_duplicate_whose_client_leaves_while_it_waits_changes_nothing() {
     assert_eq!(retry, first.as_replayed());
     assert_eq!(rig.upstream.effects("/charges"), 1);
 }
+
+#[tokio::test]
+async fn over_tls_a_post_runs_once_and_is_replayed_on_http1_and_http2() {
+    let pki = common::TestPki::new();
+    let rig = Rig::with_routes(Store::Sqlite, &pki.config()).await;
+    assert!(
+        rig.gateway.url.starts_with("https://"),
+        "{}",
+        rig.gateway.url
+    );
+    let h2 = common::TlsClient::new(&pki.ca, &[b"h2", b"http/1.1"]);
+    let h1 = common::TlsClient::new(&pki.ca, &[b"http/1.1"]);
+    let url = &rig.gateway.url;
+
+    let (version, first) = h2.post(url, "/charges", "tls", "tenant-a").await.unwrap();
+    assert_eq!(version, http::Version::HTTP_2);
+    assert_eq!((first.status, first.replayed.clone()), (201, None));
+    assert_eq!(first.json()["effect"], 1);
+    let (version, again) = h2.post(url, "/charges", "tls", "tenant-a").await.unwrap();
+    assert_eq!(version, http::Version::HTTP_2);
+    assert_eq!(again, first.as_replayed());
+    let (version, again) = h1.post(url, "/charges", "tls", "tenant-a").await.unwrap();
+    assert_eq!(version, http::Version::HTTP_11);
+    assert_eq!(again, first.as_replayed());
+
+    // And a key first seen over HTTP/1.1.
+    let (version, first) = h1.post(url, "/charges", "tls-1", "tenant-a").await.unwrap();
+    assert_eq!(version, http::Version::HTTP_11);
+    assert_eq!((first.status, first.replayed.clone()), (201, None));
+    assert_eq!(first.json()["effect"], 2);
+    let (_, again) = h1.post(url, "/charges", "tls-1", "tenant-a").await.unwrap();
+    assert_eq!(again, first.as_replayed());
+    assert_eq!(rig.upstream.effects("/charges"), 2);
+}
+
+#[tokio::test]
+async fn plain_http_to_the_tls_port_fails_and_runs_nothing() {
+    let pki = common::TestPki::new();
+    let rig = Rig::with_routes(Store::Sqlite, &pki.config()).await;
+    let plain = rig.gateway.url.replace("https://", "http://");
+    let sent = rig
+        .client
+        .post(format!("{plain}/charges"))
+        .header("x-api-key", "tenant-a")
+        .header("idempotency-key", "\"plain\"")
+        .body(r#"{"amount":100}"#)
+        .send()
+        .await;
+    assert!(sent.is_err(), "{sent:?}");
+    // A client that trusts another CA is refused too.
+    let stranger = common::TlsClient::new(&common::TestPki::new().ca, &[b"h2"]);
+    assert!(stranger.connect(&rig.gateway.url).await.is_err());
+    assert_eq!(rig.upstream.effects("/charges"), 0);
+    // The server counts a failed handshake once it has read the client's
+    // alert, which may be after the client gave up: poll with a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let metrics = rig.gateway.metrics().await;
+        if metrics.contains("idempotency_gateway_tls_handshake_failures_total 2") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_is_served_without_a_restart() {
+    let pki = common::TestPki::new();
+    let rig = Rig::with_routes(Store::Sqlite, &pki.config()).await;
+    let old = common::TlsClient::new(&pki.ca, &[b"h2"]);
+    assert!(old.connect(&rig.gateway.url).await.is_ok());
+    let new = common::TlsClient::new(&pki.rotate(), &[b"h2"]);
+    // The files are re-read every 100 ms: poll with a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while new.connect(&rig.gateway.url).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new certificate is not served within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(old.connect(&rig.gateway.url).await.is_err());
+    let (_, answer) = new
+        .post(&rig.gateway.url, "/charges", "rotated", "tenant-a")
+        .await
+        .unwrap();
+    assert_eq!(
+        (answer.status, answer.json()["effect"].clone()),
+        (201, 1.into())
+    );
+}
+

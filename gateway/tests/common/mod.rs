@@ -602,6 +602,34 @@ impl Answer {
         }
     }
 
+    /// The same from a hyper response (the TLS client's).
+    pub async fn of_hyper(response: Response<Incoming>) -> Self {
+        let h = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        let (content_type, location, replayed, retry_after, set_cookie) = (
+            h("content-type"),
+            h("location"),
+            h("idempotent-replayed"),
+            h("retry-after"),
+            h("set-cookie"),
+        );
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Self {
+            status,
+            content_type,
+            location,
+            replayed,
+            retry_after,
+            set_cookie,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+        }
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap()
     }
@@ -613,5 +641,152 @@ impl Answer {
             set_cookie: None,
             ..self.clone()
         }
+    }
+}
+
+// --------------------------------------------------------------------- tls
+
+/// A certificate authority of the test's own and a server certificate it
+/// signed for 127.0.0.1 and localhost, written as PEM files for the
+/// gateway's `[tls]`. A client trusts this CA and nothing else.
+pub struct TestPki {
+    pub ca: String,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    _dir: TempDir,
+}
+
+impl TestPki {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, server) = signed_pair("gateway test CA");
+        let cert_file = dir.path().join("tls.crt");
+        let key_file = dir.path().join("tls.key");
+        std::fs::write(&cert_file, &server.0).unwrap();
+        std::fs::write(&key_file, &server.1).unwrap();
+        Self {
+            ca,
+            cert_file,
+            key_file,
+            _dir: dir,
+        }
+    }
+
+    /// Replaces the certificate and key with a new pair from a new CA, as
+    /// Kubernetes updates a Secret (a rename), and returns the new CA.
+    pub fn rotate(&self) -> String {
+        let (ca, (cert, key)) = signed_pair("gateway test CA, rotated");
+        for (path, contents) in [(&self.key_file, key), (&self.cert_file, cert)] {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, contents).unwrap();
+            std::fs::rename(&tmp, path).unwrap();
+        }
+        ca
+    }
+
+    /// The `[tls]` table of the gateway's config, re-reading every 100 ms.
+    pub fn config(&self) -> String {
+        format!(
+            "\n[tls]\ncert_file = {:?}\nkey_file = {:?}\nreload_interval = \"100ms\"\n",
+            self.cert_file, self.key_file
+        )
+    }
+}
+
+/// A CA's certificate, and a server certificate and key it signed (PEM).
+fn signed_pair(ca_name: &str) -> (String, (String, String)) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair,
+    };
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, ca_name);
+    let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "idempotency-gateway");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    (issuer.pem(), (cert.pem(), key.serialize_pem()))
+}
+
+/// A TLS client of the gateway (rustls, hyper), trusting one CA and
+/// offering the given ALPN protocols; each request is a new connection, so
+/// each one is a new handshake with the certificate in force.
+pub struct TlsClient {
+    connector: tokio_rustls::TlsConnector,
+}
+
+impl TlsClient {
+    pub fn new(ca_pem: &str, alpn: &[&[u8]]) -> Self {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Self {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+        }
+    }
+
+    /// A TLS connection to `url` (`https://ADDR`), handshake done.
+    pub async fn connect(
+        &self,
+        url: &str,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let addr = url.strip_prefix("https://").expect("an https:// URL");
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        self.connector.connect(name, tcp).await
+    }
+
+    /// The rig's POST (`Rig::post`) over a new TLS connection, in the HTTP
+    /// version the handshake chose: the version and the answer.
+    pub async fn post(
+        &self,
+        url: &str,
+        path: &str,
+        key: &str,
+        api_key: &str,
+    ) -> std::io::Result<(http::Version, Answer)> {
+        let stream = self.connect(url).await?;
+        let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+        let request = Request::post(path)
+            .header("host", "localhost")
+            .header("x-api-key", api_key)
+            .header("content-type", "application/json")
+            .header("idempotency-key", format!("\"{key}\""))
+            .body(Full::new(Bytes::from_static(br#"{"amount":100}"#)))
+            .unwrap();
+        let io = TokioIo::new(stream);
+        let response = if h2 {
+            let (mut sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                    .await
+                    .map_err(std::io::Error::other)?;
+            tokio::spawn(connection);
+            sender.send_request(request).await
+        } else {
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(std::io::Error::other)?;
+            tokio::spawn(connection);
+            sender.send_request(request).await
+        }
+        .map_err(std::io::Error::other)?;
+        let version = response.version();
+        Ok((version, Answer::of_hyper(response).await))
     }
 }
