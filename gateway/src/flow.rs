@@ -17,12 +17,15 @@
 //! From the Claim on, the work runs in a task of its own: a client that
 //! disconnects does not stop it, so its response is stored (or the key
 //! released) all the same. A Claim abandoned by its client mid-call is
-//! released with the gateway's lease token, in case it won.
+//! released with the gateway's lease token, in case it won. Those tasks,
+//! and the Completes tried again while the service is down, are tracked
+//! ([`Gateway::background`]), so that a shutdown waits for them too.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::background::Background;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http::{HeaderValue, Request, Response, header};
@@ -51,6 +54,13 @@ pub struct Gateway {
     pub config: Config,
     pub service: Service,
     pub upstream: Upstream,
+    /// The work that outlives a client's connection: a claimed request's
+    /// upstream call and its Complete or Release, a Complete tried again
+    /// while the service is down, the Release of an abandoned Claim. A
+    /// shutdown that only drained connections would cut them off and leave
+    /// their keys in progress until the lease ran out (or store nothing of
+    /// an effect that happened); the server waits for them.
+    pub background: Background,
 }
 
 impl Gateway {
@@ -58,6 +68,7 @@ impl Gateway {
         Ok(Self {
             service: Service::new(&config.service, config.service_token.as_deref())?,
             upstream: Upstream::new(config.upstream.clone(), config.upstream_http2),
+            background: Background::default(),
             config,
         })
     }
@@ -153,6 +164,7 @@ impl Gateway {
         // client went away mid-Claim) releases whatever the Claim may have won.
         let mut guard = ReleaseOnDrop {
             service: self.service.clone(),
+            background: self.background.clone(),
             lease: Some(lease.clone()),
         };
         let answer = match self.service.claim(claim).await {
@@ -199,7 +211,7 @@ impl Gateway {
                 let gateway = self.clone();
                 let route = route.clone();
                 let (tx, rx) = tokio::sync::oneshot::channel();
-                tokio::spawn(async move {
+                self.background.spawn(async move {
                     let response = gateway.run_claimed(&route, lease, parts, body, peer).await;
                     let _ = tx.send(response);
                 });
@@ -379,7 +391,7 @@ impl Gateway {
                 metrics::service_error("Complete", &status);
                 warn!(route = %route.name, code = ?status.code(),
                     "Complete failed: the service is unavailable; storing the response when it is back");
-                tokio::spawn(complete_later(
+                self.background.spawn(complete_later(
                     self.service.clone(),
                     route.name.clone(),
                     complete,
@@ -516,6 +528,7 @@ impl Lease {
 /// Releases its lease when dropped while still holding one.
 struct ReleaseOnDrop {
     service: Service,
+    background: Background,
     lease: Option<Lease>,
 }
 
@@ -524,11 +537,12 @@ impl Drop for ReleaseOnDrop {
         if let Some(lease) = self.lease.take() {
             let service = self.service.clone();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
+                let background = self.background.clone();
+                runtime.spawn(background.track(async move {
                     // A Claim that did not win answers this with an error:
                     // the token is ours alone, so nothing else is released.
                     let _ = service.release(lease.release_request()).await;
-                });
+                }));
             }
         }
     }

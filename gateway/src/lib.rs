@@ -10,6 +10,8 @@
 //!   `http/1.1`), its certificate re-read when the files change.
 //! - [`flow`]: what a guarded request goes through: the key, the Claim, the
 //!   upstream call under a kept-alive lease, Complete or Release, the replay.
+//! - [`background`]: the work that outlives a request's connection
+//!   (its Complete or Release), counted so that a shutdown waits for it.
 //! - [`proxy`]: the upstream client and the header rules of a reverse proxy
 //!   (hop-by-hop headers, `X-Forwarded-*`); pass-through requests.
 //! - [`request`]: what is read from a request: the `Idempotency-Key` (an
@@ -25,6 +27,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod background;
 pub mod config;
 pub mod error;
 pub mod flow;

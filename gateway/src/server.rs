@@ -1,8 +1,9 @@
 //! The listeners: the proxy's (HTTP/1.1 and HTTP/2 on one port: h2c with
 //! prior knowledge, or both by ALPN over TLS, see [`crate::tls`]) and the
 //! admin port's (`/healthz`, `/readyz`,
-//! `/metrics`); and graceful shutdown, which stops accepting and lets the
-//! requests in flight finish, up to the configured timeout.
+//! `/metrics`); and graceful shutdown, which stops accepting, lets the
+//! requests in flight finish, then waits for the work their clients left
+//! behind ([`crate::background`]), all within the configured timeout.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -132,11 +133,32 @@ pub async fn run(
         }
     }
     drop(listener);
+    // One grace for both steps: Kubernetes kills the pod at the end of its
+    // terminationGracePeriodSeconds, however the time was spent.
+    let deadline = tokio::time::Instant::now() + gateway.config.shutdown_timeout;
     info!("shutting down: finishing the requests in flight");
     tokio::select! {
         () = graceful.shutdown() => info!("every connection closed"),
-        () = tokio::time::sleep(gateway.config.shutdown_timeout) => {
+        () = tokio::time::sleep_until(deadline) => {
             warn!("the shutdown timeout passed with requests still in flight");
+        }
+    }
+    let background = &gateway.background;
+    if background.running() > 0 {
+        info!(
+            running = background.running(),
+            "waiting for the work of requests whose clients left (their Complete or Release)"
+        );
+        tokio::select! {
+            () = background.idle() => info!("the background work is done"),
+            () = tokio::time::sleep_until(deadline) => {
+                // Not released: the upstream may still be working on them.
+                // Their leases run out (the heartbeat ends with the process),
+                // and a retry after that runs the request again.
+                warn!(running = background.running(),
+                    "the shutdown timeout passed with background work unfinished: \
+                     its keys stay in progress until their leases run out");
+            }
         }
     }
     Ok(())

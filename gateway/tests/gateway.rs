@@ -956,3 +956,79 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     );
 }
 
+/// Waits for the gateway's process to end (within `within`): its status.
+async fn exited(rig: &mut Rig, within: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = rig.gateway.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running {within:?} after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn sigterm_waits_for_the_work_of_a_client_that_left_and_its_retry_is_replayed() {
+    let mut rig = Rig::start(Store::Sqlite).await;
+    let left = rig
+        .post("/charges", Some("left"), "tenant-a")
+        .header("x-delay-ms", "1000")
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(left.unwrap_err().is_timeout());
+    rig.until_upstream_started(1).await;
+    // No connection is left to drain: only the background work holds the
+    // process, until the upstream answers and the response is stored.
+    rig.gateway.terminate();
+    let status = exited(&mut rig, Duration::from_secs(5)).await;
+    assert!(status.success(), "{status:?}");
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+    // The next gateway, on the same service, replays the stored response.
+    rig.gateway =
+        common::GatewayProcess::start(&common::config(rig.upstream.addr, &rig.service.url(), ""));
+    let retry = Answer::of(
+        rig.post("/charges", Some("left"), "tenant-a")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (
+            retry.status,
+            retry.replayed.as_deref(),
+            retry.json()["effect"].clone()
+        ),
+        (201, Some("true"), 1.into())
+    );
+    assert_eq!(rig.upstream.effects("/charges"), 1);
+}
+
+#[tokio::test]
+async fn sigterm_stops_waiting_for_background_work_at_the_shutdown_timeout() {
+    let mut rig = Rig::start(Store::Sqlite).await;
+    let left = rig
+        .post("/charges", Some("slow"), "tenant-a")
+        .header("x-delay-ms", "10000")
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(left.unwrap_err().is_timeout());
+    rig.until_upstream_started(1).await;
+    let terminated = std::time::Instant::now();
+    rig.gateway.terminate();
+    // The rig's shutdown_timeout is 2 s; the upstream takes 10.
+    let status = exited(&mut rig, Duration::from_secs(6)).await;
+    assert!(status.success(), "{status:?}");
+    assert!(
+        terminated.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        terminated.elapsed()
+    );
+    assert_eq!(rig.upstream.effects("/charges"), 0);
+}
