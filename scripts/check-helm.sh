@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks the Helm chart in helm/idempotency-service: yamllint on its values,
 # `helm lint --strict`, `helm template` with the default values, with every
-# option on (ci/all-on-values.yaml) and with the gateway on
-# (ci/gateway-values.yaml), `kubernetes-validate --strict` of the three
+# option on (ci/all-on-values.yaml), with the gateway on
+# (ci/gateway-values.yaml) and with the gateway as a sidecar
+# (ci/gateway-sidecar-values.yaml), `kubernetes-validate --strict` of the four
 # renders for the oldest and newest Kubernetes the chart supports, and the
 # pytest suite in helm/tests that asserts on the rendered objects.
 #
@@ -32,6 +33,7 @@ cd "$repo_root"
 chart=helm/idempotency-service
 all_on="$chart/ci/all-on-values.yaml"
 gateway_on="$chart/ci/gateway-values.yaml"
+gateway_sidecar="$chart/ci/gateway-sidecar-values.yaml"
 cache=.cache/check-helm
 venv="$cache/venv"
 helm="$cache/bin/helm"
@@ -118,10 +120,11 @@ log "promtool check rules and promtool test rules ($alerts)"
 "$promtool" test rules deploy/prometheus/alerts.test.yaml
 
 for kube in "${KUBE_VERSIONS[@]}"; do
-  log "helm lint --strict (Kubernetes $kube, default, all-on and gateway values)"
+  log "helm lint --strict (Kubernetes $kube, default, all-on, gateway and gateway sidecar values)"
   "$helm" lint --strict --quiet --kube-version "$kube" "$chart"
   "$helm" lint --strict --quiet --kube-version "$kube" "$chart" -f "$all_on"
   "$helm" lint --strict --quiet --kube-version "$kube" "$chart" -f "$gateway_on"
+  "$helm" lint --strict --quiet --kube-version "$kube" "$chart" -f "$gateway_sidecar"
 done
 
 # --- render and validate ---------------------------------------------------------
@@ -135,13 +138,16 @@ for kube in "${KUBE_VERSIONS[@]}"; do
     --kube-version "$kube" -f "$all_on" >"$renders/all-on-$kube.yaml"
   "$helm" template idempotency-service "$chart" --namespace idempotency \
     --kube-version "$kube" -f "$gateway_on" >"$renders/gateway-$kube.yaml"
+  "$helm" template idempotency-service "$chart" --namespace idempotency \
+    --kube-version "$kube" -f "$gateway_sidecar" >"$renders/gateway-sidecar-$kube.yaml"
   log "kubernetes-validate --strict against Kubernetes $kube"
   # ServiceMonitor and PrometheusRule are CRDs kubernetes-validate has no
   # schema for: it warns about them, and helm/tests asserts on their fields.
   "$venv/bin/kubernetes-validate" --strict --quiet -k "$kube" \
-    "$renders/default-$kube.yaml" "$renders/all-on-$kube.yaml" "$renders/gateway-$kube.yaml"
+    "$renders/default-$kube.yaml" "$renders/all-on-$kube.yaml" "$renders/gateway-$kube.yaml" \
+    "$renders/gateway-sidecar-$kube.yaml"
 done
-log "rendered and validated: default, all-on and gateway values, Kubernetes ${KUBE_VERSIONS[*]}"
+log "rendered and validated: default, all-on, gateway and gateway sidecar values, Kubernetes ${KUBE_VERSIONS[*]}"
 
 # --- assertions on the rendered objects -----------------------------------------
 log "pytest helm/tests (the chart's renders, the alert rules, the dashboard)"

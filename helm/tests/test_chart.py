@@ -1112,11 +1112,14 @@ def test_the_gateway_renders_its_config_deployment_and_service_beside_the_server
     assert container["image"] == server_pod["containers"][0]["image"]
     assert container["securityContext"] == server_pod["containers"][0]["securityContext"]
     assert pod["securityContext"] == server_pod["securityContext"]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "gateway-admin"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "gateway-admin"}
+    # Its shutdown (30 s) ends before the kill.
+    assert config["shutdown_timeout"] == "30s"
+    assert pod["terminationGracePeriodSeconds"] == 35
     service = one(docs, "Service", "idempotency-service-gateway")
     assert service["spec"]["selector"] == GATEWAY_SELECTOR
-    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert service["spec"]["ports"][0]["targetPort"] == "gateway"
     # The server's Service and PDB never select the gateway's pods.
     assert one(docs, "Service", "idempotency-service")["spec"]["selector"] == SELECTOR
     assert one(docs, "PodDisruptionBudget")["spec"]["selector"] == {"matchLabels": SELECTOR}
@@ -1131,11 +1134,12 @@ def test_the_gateway_with_a_policy_presents_its_token_from_a_secret():
     config = tomllib.loads(one(docs, "ConfigMap", "idempotency-service-gateway")["data"]["gateway.toml"])
     assert config["service_token_file"] == "/etc/idempotency-gateway/token/token"
     pod = one(docs, "Deployment", "idempotency-service-gateway")["spec"]["template"]["spec"]
-    assert volumes_of(pod)["token"]["secret"] == {
+    assert volumes_of(pod)["idempotency-gateway-token"]["secret"] == {
         "secretName": "gateway-token",
         "items": [{"key": "token", "path": "token"}],
     }
-    assert mounts_of(pod["containers"][0])["token"]["mountPath"] == "/etc/idempotency-gateway/token"
+    mounts = mounts_of(pod["containers"][0])
+    assert mounts["idempotency-gateway-token"]["mountPath"] == "/etc/idempotency-gateway/token"
 
 
 def test_the_network_policy_admits_the_charts_gateway():
@@ -1156,4 +1160,87 @@ def test_the_network_policy_admits_the_charts_gateway():
     ],
 )
 def test_gateway_settings_that_cannot_work_fail_the_render(settings, message):
+    assert message in render_fails(*settings)
+
+
+GATEWAY_SIDECAR = CHART / "ci" / "gateway-sidecar-values.yaml"
+
+
+def sidecar_snippet(text: str) -> dict:
+    """The pod spec fields NOTES.txt prints for the gateway sidecar."""
+    begin = text.index("# BEGIN idempotency-gateway sidecar")
+    end = text.index("# END idempotency-gateway sidecar")
+    return yaml.safe_load(text[begin:end])
+
+
+def test_the_gateway_sidecar_renders_its_config_for_the_api_in_the_same_pod():
+    docs = render("-f", str(GATEWAY_SIDECAR))
+    assert kinds(docs) == sorted(kinds(default()) + [("ConfigMap", "idempotency-service-gateway-sidecar")])
+    configmap = one(docs, "ConfigMap", "idempotency-service-gateway-sidecar")
+    assert configmap["metadata"]["namespace"] == "shop"
+    config = tomllib.loads(configmap["data"]["gateway.toml"])
+    assert config["upstream"] == "http://127.0.0.1:3000"
+    assert config["listen"] == "0.0.0.0:8080"
+    assert config["service"] == f"http://idempotency-service.{NAMESPACE}.svc:50051"
+    assert config["service_token_file"] == "/etc/idempotency-gateway/token/token"
+    assert config["shutdown_timeout"] == "30s"
+    assert config["route"] == [{"method": "POST", "path": "/v1/charges", "namespace": "charges"}]
+
+
+def test_the_gateway_sidecar_snippet_in_the_notes_is_the_deployments_container():
+    text = notes("-f", str(GATEWAY_SIDECAR), "--set", "gateway.enabled=true",
+                 "--set", "gateway.upstream=http://api.shop.svc:3000")
+    assert 'ConfigMap "idempotency-service-gateway-sidecar" in namespace shop' in text
+    snippet = sidecar_snippet(text)
+    deployment = one(
+        render("-f", str(GATEWAY_SIDECAR), "--set", "gateway.enabled=true",
+               "--set", "gateway.upstream=http://api.shop.svc:3000"),
+        "Deployment", "idempotency-service-gateway",
+    )
+    pod = deployment["spec"]["template"]["spec"]
+    assert snippet["containers"] == pod["containers"]
+    assert snippet["terminationGracePeriodSeconds"] == pod["terminationGracePeriodSeconds"] == 35
+    volumes = {v["name"]: v for v in snippet["volumes"]}
+    assert volumes["idempotency-gateway-config"]["configMap"] == {"name": "idempotency-service-gateway-sidecar"}
+    assert volumes["idempotency-gateway-token"]["secret"]["secretName"] == "idempotency-gateway-token"
+
+
+def test_the_gateway_sidecar_snippet_makes_a_valid_pod_beside_an_api(tmp_path):
+    snippet = sidecar_snippet(notes("-f", str(GATEWAY_SIDECAR)))
+    api = {
+        "name": "api",
+        "image": "example.com/shop/api:1",
+        "ports": [{"name": "http", "containerPort": 3000}],
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "api", "namespace": "shop"},
+        "spec": {**snippet, "containers": [api, *snippet["containers"]]},
+    }
+    names = [p["name"] for c in pod["spec"]["containers"] for p in c["ports"]]
+    assert len(names) == len(set(names)), names
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(pod))
+    validate = Path(sys.executable).parent / "kubernetes-validate"
+    for kube in ("1.27.0", "1.37.0"):
+        result = subprocess.run(
+            [str(validate), "--strict", "--quiet", "-k", kube, str(manifest)],
+            capture_output=True, text=True,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (("-f", str(GATEWAY_SIDECAR), "--set", "gateway.sidecar.apiPort=8080"),
+         "gateway.sidecar.apiPort 8080 is the gateway's port"),
+        (("-f", str(GATEWAY_SIDECAR), "--set", "gateway.tokenSecret="),
+         "gateway.sidecar.enabled with a policy needs gateway.tokenSecret"),
+        (("-f", str(GATEWAY_SIDECAR), "--set", "tls.enabled=true", "--set", "tls.secretName=t"),
+         "gateway.sidecar.enabled with tls.enabled"),
+    ],
+)
+def test_gateway_sidecar_settings_that_cannot_work_fail_the_render(settings, message):
     assert message in render_fails(*settings)

@@ -251,10 +251,112 @@ what to change, rather than deploying something other than what was asked.
 {{- fail "gateway.enabled with a policy needs gateway.tokenSecret: a Secret whose key `token` is the gateway's bearer token" }}
 {{- end }}
 {{- end }}
+{{- if .sidecar.enabled }}
+{{- if $.Values.tls.enabled }}
+{{- fail "gateway.sidecar.enabled with tls.enabled: the gateway does not speak TLS to the server yet; turn one off" }}
+{{- end }}
+{{- if and (include "idempotency-service.policyEnabled" $) (not .tokenSecret) }}
+{{- fail "gateway.sidecar.enabled with a policy needs gateway.tokenSecret: a Secret whose key `token` is the gateway's bearer token, in the API's namespace" }}
+{{- end }}
+{{- if has (int .sidecar.apiPort) (list (int .port) (int .adminPort)) }}
+{{- fail (printf "gateway.sidecar.apiPort %d is the gateway's port or admin port: in one pod they must differ" (int .sidecar.apiPort)) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- $ports := list (int .Values.grpc.port) }}
 {{- if .Values.metrics.enabled }}{{ $ports = append $ports (int .Values.metrics.port) }}{{ end }}
 {{- if has (int .Values.healthPort) $ports }}
 {{- fail (printf "healthPort %d is already the gRPC or the metrics port: pick another" (int .Values.healthPort)) }}
 {{- end }}
+{{- end }}
+
+{{/*
+idempotency-gateway's config file: where it listens, the API behind it
+(`upstream`), this release's server as its store, its shutdown grace, then
+the routes as given. Called with (dict "root" $ "upstream" URL).
+*/}}
+{{- define "idempotency-service.gatewayConfig" -}}
+{{- $root := .root -}}
+{{- $upstream := .upstream -}}
+{{- $fullname := include "idempotency-service.fullname" $root -}}
+{{- with $root.Values.gateway -}}
+listen = {{ printf "%s:%d" $root.Values.bindHost (.port | int) | quote }}
+admin_listen = {{ printf "%s:%d" $root.Values.bindHost (.adminPort | int) | quote }}
+upstream = {{ $upstream | quote }}
+service = {{ printf "http://%s.%s.svc:%d" $fullname $root.Release.Namespace ($root.Values.service.port | int) | quote }}
+shutdown_timeout = {{ printf "%ds" (.shutdownTimeoutSeconds | int) | quote }}
+{{- if .tokenSecret }}
+service_token_file = "/etc/idempotency-gateway/token/token"
+{{- end }}
+{{- with .routes }}
+
+{{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The gateway's container, as a list item: the Deployment's, and the one
+NOTES.txt prints for an API's pods in sidecar mode. Its names (the
+container, its ports, its volumes) start with "gateway" or
+"idempotency-gateway", so that they do not collide with an API's.
+*/}}
+{{- define "idempotency-service.gatewayContainer" -}}
+{{- with .Values.gateway -}}
+- name: idempotency-gateway
+  image: {{ include "idempotency-service.image" $ | quote }}
+  imagePullPolicy: {{ $.Values.image.pullPolicy }}
+  command: ["/usr/local/bin/idempotency-gateway"]
+  args: ["--config", "/etc/idempotency-gateway/config/gateway.toml"]
+  ports:
+    - name: gateway
+      containerPort: {{ .port }}
+      protocol: TCP
+    - name: gateway-admin
+      containerPort: {{ .adminPort }}
+      protocol: TCP
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: gateway-admin
+    periodSeconds: 5
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: gateway-admin
+    periodSeconds: 10
+  resources:
+    {{- toYaml .resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $.Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: idempotency-gateway-config
+      mountPath: /etc/idempotency-gateway/config
+      readOnly: true
+    {{- if .tokenSecret }}
+    - name: idempotency-gateway-token
+      mountPath: /etc/idempotency-gateway/token
+      readOnly: true
+    {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The gateway container's volumes; (dict "root" $ "configMap" NAME). */}}
+{{- define "idempotency-service.gatewayVolumes" -}}
+- name: idempotency-gateway-config
+  configMap:
+    name: {{ .configMap }}
+{{- with .root.Values.gateway.tokenSecret }}
+- name: idempotency-gateway-token
+  secret:
+    secretName: {{ . }}
+    items:
+      - key: token
+        path: token
+{{- end }}
+{{- end }}
+
+{{/* The sidecar's ConfigMap: the name NOTES.txt's volume refers to. */}}
+{{- define "idempotency-service.gatewaySidecarName" -}}
+{{- printf "%s-gateway-sidecar" (include "idempotency-service.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
