@@ -211,3 +211,48 @@ async def test_the_async_client_batches_and_purges(aclient, namespace):
     purged = await aclient.purge(namespace, "done", reason="test")
     assert purged.purged and purged.previous_state is State.COMPLETED
     assert (await aclient.claim(namespace, "done")).outcome is Outcome.CLAIMED
+
+
+@pytest.mark.postgres
+def test_item_errors_on_a_store_that_reaches_every_key_changes_no_answer(client, namespace):
+    results = client.claim_batch(
+        [ClaimItem(namespace, "ie-a", lease_ttl=30), ClaimItem(namespace, "ie-a", lease_ttl=30)],
+        item_errors=True,
+    )
+    assert [r.outcome for r in results] == [Outcome.CLAIMED, Outcome.IN_PROGRESS]
+    assert all(r.ok and r.error is None for r in results)
+    done = client.complete_batch(
+        [
+            CompleteItem(namespace, "ie-a", results[0].lease_token, b"a"),
+            CompleteItem(namespace, "ie-none", secrets.token_hex(16), b"x"),
+        ],
+        item_errors=True,
+    )
+    assert done[0].ok and done[0].expires_at is not None
+    assert isinstance(done[1].error, KeyNotFound)
+
+
+def test_a_failed_claim_batch_item_decodes_to_its_own_typed_error():
+    """What the server sends for an item it could not reach (ItemError, on
+    Citus with a worker down: tests/conformance and the citus_worker_crash
+    fault scenario make it for real) becomes that item's ClaimResult."""
+    from idempotency_client import Unavailable
+    from idempotency_client._proto import idempotency_pb2 as pb
+    from idempotency_client.types import claim_batch_results
+
+    reply = pb.ClaimBatchResponse(
+        items=[
+            pb.ClaimResponse(outcome=pb.OUTCOME_CLAIMED, lease_token="ab" * 16, fencing_token=1),
+            pb.ClaimResponse(
+                error=pb.ItemError(code=14, message="the store is unavailable", reason="STORE_UNAVAILABLE")
+            ),
+        ]
+    )
+    reply.items[1].error.retry_after.FromTimedelta(timedelta(milliseconds=250))
+    claimed, failed = claim_batch_results(reply)
+    assert claimed.ok and claimed.outcome is Outcome.CLAIMED and claimed.lease_token == "ab" * 16
+    assert not failed.ok and failed.outcome is Outcome.UNSPECIFIED and failed.lease_token is None
+    assert isinstance(failed.error, Unavailable)
+    assert failed.error.details.reason == "STORE_UNAVAILABLE"
+    assert failed.error.details.retry_delay == timedelta(milliseconds=250)
+    assert "items[1]" in str(failed.error)

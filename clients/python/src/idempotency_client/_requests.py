@@ -111,8 +111,10 @@ def _item(item: Any, cls: type, index: int):
     raise TypeError(f"items[{index}]: expected a {cls.__name__} or a mapping, got {type(item).__name__}")
 
 
-def claim_batch_request(items: Iterable[Union[ClaimItem, Mapping[str, Any]]]) -> pb.ClaimBatchRequest:
-    request = pb.ClaimBatchRequest()
+def claim_batch_request(
+    items: Iterable[Union[ClaimItem, Mapping[str, Any]]], item_errors: bool = False
+) -> pb.ClaimBatchRequest:
+    request = pb.ClaimBatchRequest(item_errors=bool(item_errors))
     for index, item in enumerate(items):
         item = _item(item, ClaimItem, index)
         try:
@@ -135,9 +137,9 @@ def claim_batch_request(items: Iterable[Union[ClaimItem, Mapping[str, Any]]]) ->
 
 
 def complete_batch_request(
-    items: Iterable[Union[CompleteItem, Mapping[str, Any]]],
+    items: Iterable[Union[CompleteItem, Mapping[str, Any]]], item_errors: bool = False
 ) -> pb.CompleteBatchRequest:
-    request = pb.CompleteBatchRequest()
+    request = pb.CompleteBatchRequest(item_errors=bool(item_errors))
     for index, item in enumerate(items):
         item = _item(item, CompleteItem, index)
         try:

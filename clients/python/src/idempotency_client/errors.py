@@ -304,14 +304,24 @@ def _class_of(code: Optional[grpc.StatusCode], reason: Optional[str]) -> type:
 
 
 def from_item_status(
-    number: int, message: str, method: str, index: int, reason: str = ""
+    number: int,
+    message: str,
+    method: str,
+    index: int,
+    reason: str = "",
+    retry_delay: Optional[timedelta] = None,
 ) -> IdempotencyError:
     """The typed error for one item of a batch that answers each item with its
-    own status (CompleteBatch): the class the single call would have raised,
-    with the item's reason (CompleteResult.reason; no other details)."""
+    own status (CompleteBatch, and either batch with item_errors): the class
+    the single call would have raised, with the item's reason and retry delay
+    (ItemError, CompleteResult; no other details)."""
     code = _STATUS_BY_NUMBER.get(number)
     name = code.name if code is not None else f"status {number}"
-    details = ErrorDetails(reason=reason, domain=DOMAIN) if reason else None
+    details = (
+        ErrorDetails(reason=reason or None, domain=DOMAIN, retry_delay=retry_delay)
+        if reason or retry_delay is not None
+        else None
+    )
     cls = _class_of(code, reason or None)
     return cls(f"{method}: items[{index}]: {name}: {message or name}", code=code, details=details)
 

@@ -120,10 +120,20 @@ class ClaimResult:
     #: this Claim took over a remembered key (a late retry, re-executed: the
     #: effect ran once already and its result is gone; `reexecuted` is True).
     completed_at: Optional[datetime] = None
+    #: Only in claim_batch(item_errors=True): why this item's Claim failed while
+    #: the others were answered (Unavailable: the node holding its key is
+    #: down; retrying the item is safe, with the same lease token). Its
+    #: outcome is then UNSPECIFIED and no other field is set.
+    error: Optional[IdempotencyError] = None
 
     @property
     def claimed(self) -> bool:
         return self.outcome is Outcome.CLAIMED
+
+    @property
+    def ok(self) -> bool:
+        """False only for an item of claim_batch(item_errors=True) that failed."""
+        return self.error is None
 
     @property
     def reexecuted(self) -> bool:
@@ -262,6 +272,34 @@ def _time(message, field: str) -> Optional[datetime]:
     return getattr(message, field).ToDatetime(tzinfo=timezone.utc)
 
 
+def claim_batch_results(message: pb.ClaimBatchResponse) -> List[ClaimResult]:
+    """A ClaimBatch's answers: each item's ClaimResult, or for an item that
+    failed (item_errors) a ClaimResult with only its error."""
+    return [
+        claim_result(item) if not item.HasField("error") else _failed_claim(item.error, index)
+        for index, item in enumerate(message.items)
+    ]
+
+
+def _failed_claim(error: pb.ItemError, index: int) -> ClaimResult:
+    return ClaimResult(
+        outcome=Outcome.UNSPECIFIED,
+        lease_token=None,
+        fencing_token=None,
+        lease_expires_at=None,
+        response=None,
+        expires_at=None,
+        retry_after=None,
+        error=from_item_status(
+            error.code, error.message, "ClaimBatch", index, error.reason, _retry_after(error)
+        ),
+    )
+
+
+def _retry_after(message) -> Optional[timedelta]:
+    return message.retry_after.ToTimedelta() if message.HasField("retry_after") else None
+
+
 def claim_result(message: pb.ClaimResponse) -> ClaimResult:
     outcome = Outcome(message.outcome)
     claimed = outcome is Outcome.CLAIMED
@@ -301,7 +339,9 @@ def complete_item_results(message: pb.CompleteBatchResponse) -> List[CompleteIte
         if item.code == 0
         else CompleteItemResult(
             expires_at=None,
-            error=from_item_status(item.code, item.message, "CompleteBatch", index, item.reason),
+            error=from_item_status(
+                item.code, item.message, "CompleteBatch", index, item.reason, _retry_after(item)
+            ),
         )
         for index, item in enumerate(message.items)
     ]

@@ -286,6 +286,7 @@ class AsyncIdempotencyClient:
         self,
         items: Iterable[Union[ClaimItem, Mapping[str, Any]]],
         *,
+        item_errors: bool = False,
         timeout: Optional[float] = None,
     ) -> List[ClaimResult]:
         """Claim many keys in one call (ClaimItem, or mappings of claim()'s
@@ -295,23 +296,34 @@ class AsyncIdempotencyClient:
         call with InvalidArgument naming it ("items[3].key: ..."), as does an
         empty list or one longer than the server's limit (500 unless configured).
         Each item carries its own lease token, so the batch is safe to retry.
+
+        item_errors=True: an item whose key cannot be reached while others can
+        (on Citus, the worker holding it is down) comes back with only its
+        `error` set (Unavailable; `ok` is False), and the others are answered;
+        the call raises only when every item failed, or for the call's own
+        reasons. Retry a failed item with the same ClaimItem: its lease token
+        makes that safe. Without it, such a failure fails the whole call.
         """
-        request = claim_batch_request(items)
+        request = claim_batch_request(items, item_errors)
         reply = await self._call("ClaimBatch", request, timeout)
-        return [types.claim_result(item) for item in reply.items]
+        return types.claim_batch_results(reply)
 
     async def complete_batch(
         self,
         items: Iterable[Union[CompleteItem, Mapping[str, Any]]],
         *,
+        item_errors: bool = False,
         timeout: Optional[float] = None,
     ) -> List[CompleteItemResult]:
         """Complete many keys in one call (CompleteItem, or mappings of
         complete()'s arguments): one CompleteItemResult per item, in order,
         with expires_at or the error its own complete() would have raised
         (KeyNotFound, LeaseNotCurrent). A failed item does not raise; an
-        invalid item fails the whole call with InvalidArgument naming it."""
-        request = complete_batch_request(items)
+        invalid item fails the whole call with InvalidArgument naming it.
+        item_errors=True: an item whose key cannot be reached while others can
+        (on Citus, a worker down) is answered with Unavailable and the others
+        are completed; retrying that item is safe."""
+        request = complete_batch_request(items, item_errors)
         reply = await self._call("CompleteBatch", request, timeout)
         return types.complete_item_results(reply)
 
