@@ -94,6 +94,23 @@ export interface ExtendLeaseOptions extends CallOptions {
   checkpoint?: Uint8Array | string;
 }
 
+/** The options of claimBatch() and completeBatch(). */
+export interface BatchOptions extends CallOptions {
+  /**
+   * Ask for each item's own error (ClaimBatchRequest and
+   * CompleteBatchRequest.item_errors): when some items' keys cannot be reached
+   * and the others can (on Citus, the worker holding them is down), those
+   * items are answered with their error (claimBatch: a FailedClaim, `ok:
+   * false`, outcome UNSPECIFIED; completeBatch: `ok: false` with Unavailable)
+   * and every other item is answered. The call still rejects when every item
+   * failed, or for its own reasons (an invalid item, permission, the
+   * deadline). Default false: any such failure rejects the whole call, as
+   * with servers that predate the field (they ignore it). On one PostgreSQL
+   * and on SQLite every key is reached or none is, so it changes nothing there.
+   */
+  itemErrors?: boolean;
+}
+
 export interface PurgeOptions extends CallOptions {
   /** Why, for the server's log (an incident or ticket reference); at most 256 bytes. */
   reason?: string;

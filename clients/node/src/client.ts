@@ -7,6 +7,7 @@ import * as protoLoader from "@grpc/proto-loader";
 import type { ProtoGrpcType } from "./generated/idempotency";
 import type { IdempotencyServiceClient } from "./generated/idempotency/v1/IdempotencyService";
 import type {
+  BatchOptions,
   CallOptions,
   ClaimOptions,
   CompleteOptions,
@@ -22,6 +23,7 @@ import { detailsOf } from "./details";
 import { runOnce, type OnceOptions, type OnceResult, type Lease } from "./once";
 import { MIN_WAIT_MS, ServerWaits, WAIT_HEADROOM_MS, waitWithin } from "./waiting";
 import {
+  claimBatchResult,
   claimResult,
   completeItemResult,
   lateRetryValue,
@@ -29,6 +31,7 @@ import {
   purgeResult,
   toDate,
   toDuration,
+  type ClaimBatchResult,
   type ClaimItem,
   type ClaimResult,
   type CompleteItem,
@@ -413,11 +416,27 @@ export class IdempotencyClient implements LeaseCalls {
    * the first item is CLAIMED, the second IN_PROGRESS. An invalid item rejects
    * the whole call with InvalidArgument naming it ("items[3].key: ..."), as
    * does an empty list or one longer than the server's limit (500 unless configured).
+   *
+   * With `{ itemErrors: true }`, an item whose key cannot be reached while the
+   * others can (on Citus, the worker holding it is down) comes back as a
+   * FailedClaim (`ok: false`, outcome UNSPECIFIED, `error` an Unavailable with
+   * its retryDelayMs, and the `leaseToken` to retry it with), and the others
+   * are answered; the call rejects only when every item failed, or for its own
+   * reasons. Without it, such a failure rejects the whole call.
    */
-  async claimBatch(items: readonly ClaimItem[], options: CallOptions = {}): Promise<ClaimResult[]> {
-    const request = { items: items.map((item, index) => atItem(index, () => claimRequest(item))) };
+  claimBatch(items: readonly ClaimItem[], options?: BatchOptions & { itemErrors?: false }): Promise<ClaimResult[]>;
+  claimBatch(items: readonly ClaimItem[], options: BatchOptions): Promise<ClaimBatchResult[]>;
+  async claimBatch(items: readonly ClaimItem[], options: BatchOptions = {}): Promise<ClaimBatchResult[]> {
+    const itemErrors = itemErrorsOption(options);
+    const request = { items: items.map((item, index) => atItem(index, () => claimRequest(item))), itemErrors };
     const reply = await this.call<unknown, { items: never[] }>("ClaimBatch", request, options);
-    return reply.items.map((item) => claimResult(item));
+    return reply.items.map((item, index) => {
+      const result = claimBatchResult(item, index, request.items[index]?.leaseToken ?? "");
+      // Only a server asked for item errors sends them; should another do so,
+      // the item's error is the call's, as a failure without the field is.
+      if (!result.ok && !itemErrors) throw result.error;
+      return result;
+    });
   }
 
   /**
@@ -425,9 +444,16 @@ export class IdempotencyClient implements LeaseCalls {
    * `{ ok: true, expiresAt }` or `{ ok: false, error }` with the error its own
    * complete() would have rejected with (KeyNotFound, LeaseNotCurrent). A failed
    * item does not reject the call; an invalid item rejects it with InvalidArgument naming it.
+   *
+   * With `{ itemErrors: true }`, an item whose key cannot be reached while the
+   * others can (on Citus, a worker down) is answered with Unavailable (code
+   * 14, or IdempotencyError with code 10 ABORTED) and its retryDelayMs, and the
+   * others are completed; retrying that item is safe. Without it, such a
+   * failure rejects the whole call.
    */
-  async completeBatch(items: readonly CompleteItem[], options: CallOptions = {}): Promise<CompleteItemResult[]> {
-    const request = { items: items.map((item, index) => atItem(index, () => completeRequest(item))) };
+  async completeBatch(items: readonly CompleteItem[], options: BatchOptions = {}): Promise<CompleteItemResult[]> {
+    const itemErrors = itemErrorsOption(options);
+    const request = { items: items.map((item, index) => atItem(index, () => completeRequest(item))), itemErrors };
     const reply = await this.call<unknown, { items: never[] }>("CompleteBatch", request, options);
     return reply.items.map((item, index) => completeItemResult(item, index));
   }
@@ -526,6 +552,13 @@ function completeRequest(item: CompleteItem) {
     response: typeof response === "string" ? Buffer.from(response, "utf8") : bytes(response, "response"),
     retention: toDuration(item.retentionMs, "retentionMs"),
   };
+}
+
+/** A batch's itemErrors option: a boolean, false when omitted. */
+function itemErrorsOption(options: BatchOptions): boolean {
+  const value = options.itemErrors ?? false;
+  if (typeof value !== "boolean") throw new TypeError(`itemErrors must be a boolean, got ${typeof value}`);
+  return value;
 }
 
 /** Build one item of a batch request; a TypeError names the item ("items[2].fingerprint ..."). */

@@ -185,13 +185,24 @@ function classOf(code: number, reason: string | undefined) {
 
 /**
  * The typed error for one item of a batch that answers each item with its own
- * status (CompleteBatch): the class the single call would have thrown, with
- * the item's reason (CompleteResult.reason; no other details).
+ * status (CompleteBatch, and either batch with itemErrors): the class the
+ * single call would have thrown, with the item's reason and retry delay
+ * (CompleteResult's or ItemError's reason and retry_after; no other details).
  */
-export function fromItemStatus(code: number, message: string, method: string, index: number, reason = ""): IdempotencyError {
+export function fromItemStatus(
+  code: number,
+  message: string,
+  method: string,
+  index: number,
+  reason = "",
+  retryDelayMs?: number,
+): IdempotencyError {
   const Class = classOf(code, reason || undefined);
   const name = status[code] ?? `status ${code}`;
-  const details: ErrorDetails | undefined = reason ? { ...NO_DETAILS, reason, domain: DOMAIN } : undefined;
+  const details: ErrorDetails | undefined =
+    reason || retryDelayMs !== undefined
+      ? Object.freeze({ ...NO_DETAILS, reason: reason || undefined, domain: DOMAIN, retryDelayMs })
+      : undefined;
   return new Class(`${method}: items[${index}]: ${name}: ${message || name}`, { code, details });
 }
 

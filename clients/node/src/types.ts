@@ -1,5 +1,6 @@
 // Typed results of the RPCs, the items of the batch calls, and their conversion from the wire.
 import type { ClaimResponse__Output } from "./generated/idempotency/v1/ClaimResponse";
+import type { ItemError__Output } from "./generated/idempotency/v1/ItemError";
 import type { CompleteResult__Output } from "./generated/idempotency/v1/CompleteResult";
 import type { PurgeResponse__Output } from "./generated/idempotency/v1/PurgeResponse";
 import type { GetResponse__Output } from "./generated/idempotency/v1/GetResponse";
@@ -25,6 +26,12 @@ export const Outcome = {
    * effect happened; the result is gone. Nothing changed.
    */
   EXPIRED: "EXPIRED",
+  /**
+   * Only on an item of claimBatch(items, { itemErrors: true }) whose Claim
+   * failed while the others were answered: see FailedClaim. claim() never
+   * answers it.
+   */
+  UNSPECIFIED: "UNSPECIFIED",
 } as const;
 export type Outcome = (typeof Outcome)[keyof typeof Outcome];
 
@@ -68,6 +75,8 @@ export type State = (typeof State)[keyof typeof State];
 /** You hold the lease. */
 export interface Claimed {
   outcome: "CLAIMED";
+  /** Always true: the Claim was answered (false only on a FailedClaim of claimBatch with itemErrors). */
+  ok: true;
   /** The lease's secret (32 lowercase hex characters): pass it to complete, release and extendLease. */
   leaseToken: string;
   /** One more than the key's previous Claim; hand it to downstream writes so they can reject an older holder. */
@@ -98,6 +107,8 @@ export interface Claimed {
 /** Another claimant holds a live lease. */
 export interface InProgressClaim {
   outcome: "IN_PROGRESS";
+  /** Always true: the Claim was answered (false only on a FailedClaim of claimBatch with itemErrors). */
+  ok: true;
   /** When the other claimant's lease runs out. */
   leaseExpiresAt: Date | null;
   /** The time left on the other claimant's lease. */
@@ -110,6 +121,8 @@ export interface InProgressClaim {
 /** The work was done already: the replay. */
 export interface CompletedClaim {
   outcome: "COMPLETED";
+  /** Always true: the Claim was answered (false only on a FailedClaim of claimBatch with itemErrors). */
+  ok: true;
   /** The stored response (possibly empty). */
   response: Buffer;
   /** When the stored result expires. */
@@ -121,6 +134,8 @@ export interface CompletedClaim {
 /** The key was seen with another payload fingerprint. */
 export interface FingerprintMismatchClaim {
   outcome: "FINGERPRINT_MISMATCH";
+  /** Always true: the Claim was answered (false only on a FailedClaim of claimBatch with itemErrors). */
+  ok: true;
   /** See ClaimWaited. */
   waitedMs: number | null;
 }
@@ -128,6 +143,8 @@ export interface FingerprintMismatchClaim {
 /** A late retry refused (lateRetry "refuse"): the key completed before and its result expired. */
 export interface ExpiredClaim {
   outcome: "EXPIRED";
+  /** Always true: the Claim was answered (false only on a FailedClaim of claimBatch with itemErrors). */
+  ok: true;
   /** When the key was completed. */
   completedAt: Date;
   /** The last lease's fencing token (the one that completed the key). */
@@ -149,6 +166,36 @@ export type ClaimWaited = ClaimResult["waitedMs"];
 
 /** What claim() returns: switch on `outcome` and TypeScript knows which fields are there. */
 export type ClaimResult = Claimed | InProgressClaim | CompletedClaim | FingerprintMismatchClaim | ExpiredClaim;
+
+/**
+ * Only from claimBatch(items, { itemErrors: true }): an item whose Claim failed
+ * while the others were answered (on Citus, the worker holding its key is
+ * down). Nothing else is known of the key.
+ */
+export interface FailedClaim {
+  outcome: "UNSPECIFIED";
+  ok: false;
+  /**
+   * The error the item's own claim() would have rejected with: Unavailable
+   * (code 14, reason STORE_UNAVAILABLE) with its retryDelayMs when the key
+   * could not be reached, or an IdempotencyError with code 10 (ABORTED) when
+   * it kept changing. Retrying the item is safe, with leaseToken.
+   */
+  error: IdempotencyError;
+  /**
+   * The lease token the item was sent with (its own, or the one the client
+   * made for it): retry the item with it (`{ ...item, leaseToken }`), so that
+   * a lease an attempt of this call may have taken after all is answered as
+   * yours (`retried: true`), not as another holder's IN_PROGRESS.
+   */
+  leaseToken: string;
+}
+
+/**
+ * One item's answer in claimBatch(items, { itemErrors: true }): a ClaimResult
+ * (`ok: true`), or a FailedClaim (`ok: false`, outcome UNSPECIFIED).
+ */
+export type ClaimBatchResult = ClaimResult | FailedClaim;
 
 export interface CompleteResult {
   /** Until then every Claim of the key replays the stored response. */
@@ -180,7 +227,8 @@ export interface CompleteItem {
 /**
  * One item's answer in completeBatch(): what its own complete() would have
  * resolved to (`ok: true`, expiresAt) or rejected with (`ok: false`, error:
- * KeyNotFound, LeaseNotCurrent, ...).
+ * KeyNotFound, LeaseNotCurrent, ...; with itemErrors also Unavailable, code 14,
+ * or code 10 ABORTED, with the item's retryDelayMs: retrying the item is safe).
  */
 export type CompleteItemResult = { ok: true; expiresAt: Date } | { ok: false; error: IdempotencyError };
 
@@ -266,6 +314,7 @@ export function claimResult(message: ClaimResponse__Output): ClaimResult {
     case "OUTCOME_CLAIMED":
       return {
         outcome: "CLAIMED",
+        ok: true,
         leaseToken: message.leaseToken,
         fencingToken: BigInt(message.fencingToken),
         leaseExpiresAt: required(toDate(message.leaseExpiresAt), "lease_expires_at"),
@@ -278,18 +327,20 @@ export function claimResult(message: ClaimResponse__Output): ClaimResult {
     case "OUTCOME_IN_PROGRESS":
       return {
         outcome: "IN_PROGRESS",
+        ok: true,
         leaseExpiresAt: toDate(message.leaseExpiresAt),
         retryAfterMs: toMs(message.retryAfter) ?? 0,
         expiresAt: toDate(message.expiresAt),
         waitedMs,
       };
     case "OUTCOME_COMPLETED":
-      return { outcome: "COMPLETED", response: Buffer.from(message.response), expiresAt: toDate(message.expiresAt), waitedMs };
+      return { outcome: "COMPLETED", ok: true, response: Buffer.from(message.response), expiresAt: toDate(message.expiresAt), waitedMs };
     case "OUTCOME_FINGERPRINT_MISMATCH":
-      return { outcome: "FINGERPRINT_MISMATCH", waitedMs };
+      return { outcome: "FINGERPRINT_MISMATCH", ok: true, waitedMs };
     case "OUTCOME_EXPIRED":
       return {
         outcome: "EXPIRED",
+        ok: true,
         completedAt: required(toDate(message.completedAt), "completed_at"),
         fencingToken: BigInt(message.fencingToken),
         expiresAt: toDate(message.expiresAt),
@@ -300,11 +351,27 @@ export function claimResult(message: ClaimResponse__Output): ClaimResult {
   }
 }
 
+/**
+ * One item of a ClaimBatch's answer: its ClaimResult, or, for an item whose
+ * Claim failed (ClaimResponse.error, sent only when the request asked for
+ * item_errors), a FailedClaim with the error its own claim() would have
+ * rejected with. `leaseToken`: the token the item was sent with.
+ */
+export function claimBatchResult(message: ClaimResponse__Output, index: number, leaseToken: string): ClaimBatchResult {
+  if (message.error) return { outcome: "UNSPECIFIED", ok: false, error: itemError(message.error, "ClaimBatch", index), leaseToken };
+  return claimResult(message);
+}
+
+function itemError(error: ItemError__Output, method: string, index: number): IdempotencyError {
+  return fromItemStatus(error.code, error.message, method, index, error.reason, toMs(error.retryAfter) ?? undefined);
+}
+
 export function completeItemResult(message: CompleteResult__Output, index: number): CompleteItemResult {
   if (message.code === 0) {
     return { ok: true, expiresAt: required(toDate(message.expiresAt), `items[${index}].expires_at`) };
   }
-  return { ok: false, error: fromItemStatus(message.code, message.message, "CompleteBatch", index, message.reason) };
+  const retryDelayMs = toMs(message.retryAfter) ?? undefined;
+  return { ok: false, error: fromItemStatus(message.code, message.message, "CompleteBatch", index, message.reason, retryDelayMs) };
 }
 
 export function purgeResult(message: PurgeResponse__Output): PurgeResult {
