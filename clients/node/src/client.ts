@@ -428,7 +428,8 @@ export class IdempotencyClient implements LeaseCalls {
   claimBatch(items: readonly ClaimItem[], options: BatchOptions): Promise<ClaimBatchResult[]>;
   async claimBatch(items: readonly ClaimItem[], options: BatchOptions = {}): Promise<ClaimBatchResult[]> {
     const itemErrors = itemErrorsOption(options);
-    const request = { items: items.map((item, index) => atItem(index, () => claimRequest(item))), itemErrors };
+    // Unset unless asked: without the option the request is the one sent before the field existed.
+    const request = { items: items.map((item, index) => atItem(index, () => claimRequest(item))), ...(itemErrors && { itemErrors }) };
     const reply = await this.call<unknown, { items: never[] }>("ClaimBatch", request, options);
     return reply.items.map((item, index) => {
       const result = claimBatchResult(item, index, request.items[index]?.leaseToken ?? "");
@@ -453,7 +454,7 @@ export class IdempotencyClient implements LeaseCalls {
    */
   async completeBatch(items: readonly CompleteItem[], options: BatchOptions = {}): Promise<CompleteItemResult[]> {
     const itemErrors = itemErrorsOption(options);
-    const request = { items: items.map((item, index) => atItem(index, () => completeRequest(item))), itemErrors };
+    const request = { items: items.map((item, index) => atItem(index, () => completeRequest(item))), ...(itemErrors && { itemErrors }) };
     const reply = await this.call<unknown, { items: never[] }>("CompleteBatch", request, options);
     return reply.items.map((item, index) => completeItemResult(item, index));
   }
