@@ -1,21 +1,28 @@
 // ClaimBatch, CompleteBatch and Purge: per-item results in order, per-item
-// errors as the single calls' classes, and whole-call errors that name the item.
-import { test } from "node:test";
+// errors as the single calls' classes, and whole-call errors that name the item;
+// itemErrors: the flag on the wire, and a failed item decoded as its own error.
+import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
+import { join } from "node:path";
+import * as grpc from "@grpc/grpc-js";
+import * as protoLoader from "@grpc/proto-loader";
 import {
   IdempotencyClient,
   IdempotencyError,
   InvalidArgument,
   KeyNotFound,
   LeaseNotCurrent,
+  Unavailable,
+  type ClaimBatchResult,
   type ClaimResult,
   type CompleteItemResult,
 } from "../src";
+import { recorder } from "./interceptors";
 import { withServer } from "./helpers";
 
-function expectOutcome<O extends ClaimResult["outcome"]>(claim: ClaimResult, outcome: O): Extract<ClaimResult, { outcome: O }> {
-  assert.equal(claim.outcome, outcome);
+function expectOutcome<O extends ClaimResult["outcome"]>(claim: ClaimBatchResult | undefined, outcome: O): Extract<ClaimResult, { outcome: O }> {
+  assert.equal(claim?.outcome, outcome);
   return claim as Extract<ClaimResult, { outcome: O }>;
 }
 
@@ -25,6 +32,24 @@ function expectError(result: CompleteItemResult | undefined): IdempotencyError {
 }
 
 const token = () => randomBytes(16).toString("hex");
+
+// The service's methods with the serializers grpc-js uses (the package's proto,
+// copied to <package>/proto by scripts/generate.mjs; this file runs from dist/test).
+const SERVICE = protoLoader.loadSync("idempotency/v1/idempotency.proto", {
+  keepCase: false,
+  longs: String,
+  enums: String,
+  defaults: false,
+  oneofs: true,
+  includeDirs: [join(__dirname, "..", "..", "proto")],
+})["idempotency.v1.IdempotencyService"] as grpc.ServiceDefinition;
+
+/** The item_errors field of a batch request as it goes on the wire: the client's request object, encoded and decoded again. */
+function itemErrorsOnTheWire(method: "ClaimBatch" | "CompleteBatch", request: unknown): boolean {
+  const definition = SERVICE[method];
+  const decoded = definition.requestDeserialize(definition.requestSerialize(request)) as { itemErrors?: boolean };
+  return decoded.itemErrors === true;
+}
 
 withServer("batch", ["sqlite", "postgres"], (s) => {
   test("claimBatch answers each item in order as its own claim would", async () => {
@@ -90,6 +115,52 @@ withServer("batch", ["sqlite", "postgres"], (s) => {
     assert.equal(unknown.constructor, KeyNotFound);
     assert.equal(unknown.code, 5); // NOT_FOUND
     assert.match(unknown.message, /^CompleteBatch: items\[2\]: NOT_FOUND: /);
+  });
+
+  test("itemErrors, on a store that reaches every key or none, changes no answer and sets no error", async () => {
+    // On one PostgreSQL and on SQLite a batch fails as a whole or not at all,
+    // so the flag must change nothing here; what it changes on Citus is
+    // decoded in "a batch item that failed (item_errors)" below.
+    const rec = recorder();
+    const client = new IdempotencyClient(s.server.target, { interceptors: [rec.interceptor] });
+    try {
+      const batch = (ns: string) => [
+        { namespace: ns, key: "ie-a", leaseTtlMs: 30_000 },
+        { namespace: ns, key: "ie-a", leaseTtlMs: 30_000 },
+        { namespace: ns, key: "ie-b", leaseTtlMs: 30_000 },
+      ];
+      const withFlag = await client.claimBatch(batch(s.namespace()), { itemErrors: true });
+      const without = await client.claimBatch(batch(s.namespace()));
+      assert.deepEqual(withFlag.map((r) => r.outcome), ["CLAIMED", "IN_PROGRESS", "CLAIMED"]);
+      assert.deepEqual(withFlag.map((r) => r.outcome), without.map((r) => r.outcome));
+      assert.deepEqual(withFlag.map((r) => r.ok), [true, true, true]);
+      assert.ok(withFlag.every((r) => !("error" in r)), "no item carries an error");
+      const first = expectOutcome(withFlag[0], "CLAIMED");
+      const second = expectOutcome(withFlag[1], "IN_PROGRESS");
+      assert.deepEqual([first.fencingToken, first.retried], [1n, false]);
+      assert.equal(second.leaseExpiresAt?.getTime(), first.leaseExpiresAt.getTime());
+      // The requests said so on the wire: item_errors true, then false (unset).
+      assert.deepEqual(rec.of("ClaimBatch").map((a) => itemErrorsOnTheWire("ClaimBatch", a.request)), [true, false]);
+
+      const ns = s.namespace();
+      const [claim] = await client.claimBatch([{ namespace: ns, key: "k" }], { itemErrors: true });
+      const held = expectOutcome(claim, "CLAIMED");
+      const done = await client.completeBatch(
+        [
+          { namespace: ns, key: "k", leaseToken: held.leaseToken, response: "r" },
+          { namespace: ns, key: "none", leaseToken: token() },
+        ],
+        { itemErrors: true },
+      );
+      assert.deepEqual(done.map((r) => r.ok), [true, false]);
+      const unknown = expectError(done[1]);
+      assert.equal(unknown.constructor, KeyNotFound);
+      assert.deepEqual([unknown.code, unknown.reason, unknown.retryDelayMs], [5, "NOT_FOUND", undefined]);
+      assert.equal((await s.client.get(ns, "k")).response?.toString(), "r");
+      assert.deepEqual(rec.of("CompleteBatch").map((a) => itemErrorsOnTheWire("CompleteBatch", a.request)), [true]);
+    } finally {
+      client.close();
+    }
   });
 
   test("purge makes a completed key claimable again", async () => {
@@ -169,5 +240,129 @@ withServer("batch", ["sqlite"], (s) => {
       assert.match(error.message, /reason/);
       return true;
     });
+  });
+});
+
+// A ClaimBatch item answered with an ItemError, and CompleteBatch items with
+// codes 14 and 10 and retry_after. The real server sends them only on Citus
+// with a worker down (a key it cannot reach while it reaches the others: see
+// tests/conformance/batch.rs and the citus_worker_crash fault scenario), never
+// on SQLite or one PostgreSQL, which these tests run on; so a stand-in server
+// answers over gRPC with what such a server sends, and the client decodes it
+// from the wire as it would the real one's.
+describe("a batch item that failed (item_errors)", () => {
+  let server: grpc.Server;
+  let client: IdempotencyClient;
+  const seen: Record<string, { itemErrors?: boolean; items: { leaseToken: string }[] }[]> = { ClaimBatch: [], CompleteBatch: [] };
+  const leaseExpiresAt = { seconds: String(Math.floor(Date.now() / 1000) + 30), nanos: 0 };
+
+  before(async () => {
+    server = new grpc.Server();
+    server.addService(SERVICE, {
+      ClaimBatch: (call: grpc.ServerUnaryCall<any, unknown>, callback: grpc.sendUnaryData<unknown>) => {
+        seen.ClaimBatch.push(call.request);
+        callback(null, {
+          items: [
+            { outcome: "OUTCOME_CLAIMED", leaseToken: call.request.items[0].leaseToken, fencingToken: "1", leaseExpiresAt },
+            {
+              outcome: "OUTCOME_UNSPECIFIED",
+              error: {
+                code: 14,
+                message: "the store is unavailable: connection to worker 2 refused",
+                reason: "STORE_UNAVAILABLE",
+                retryAfter: { seconds: "1", nanos: 250_000_000 },
+              },
+            },
+            { error: { code: 10, message: "the key kept changing", reason: "CONTENDED", retryAfter: { seconds: "0", nanos: 50_000_000 } } },
+          ],
+        });
+      },
+      CompleteBatch: (call: grpc.ServerUnaryCall<any, unknown>, callback: grpc.sendUnaryData<unknown>) => {
+        seen.CompleteBatch.push(call.request);
+        callback(null, {
+          items: [
+            { code: 0, expiresAt: leaseExpiresAt },
+            { code: 14, message: "the store is unavailable", reason: "STORE_UNAVAILABLE", retryAfter: { seconds: "0", nanos: 500_000_000 } },
+            { code: 9, message: "the lease was lost", reason: "LEASE_LOST" },
+          ],
+        });
+      },
+    });
+    const port = await new Promise<number>((resolve, reject) =>
+      server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (error, bound) => (error ? reject(error) : resolve(bound))),
+    );
+    client = new IdempotencyClient(`127.0.0.1:${port}`, { retry: false });
+  });
+
+  after(async () => {
+    client.close();
+    await new Promise<void>((resolve) => server.tryShutdown(() => resolve()));
+  });
+
+  const claims = [
+    { namespace: "ns", key: "a" },
+    { namespace: "ns", key: "b" },
+    { namespace: "ns", key: "c", leaseToken: token() },
+  ];
+
+  test("a ClaimBatch item with an ItemError is ok false, outcome UNSPECIFIED, with the typed error, its reason and retry delay", async () => {
+    const results: ClaimBatchResult[] = await client.claimBatch(claims, { itemErrors: true });
+    const request = seen.ClaimBatch.at(-1)!;
+    assert.equal(request.itemErrors, true);
+
+    const [claimed, unreachable, contended] = results;
+    assert.ok(claimed?.ok && claimed.outcome === "CLAIMED");
+    assert.equal(claimed.leaseToken, request.items[0]!.leaseToken);
+
+    assert.ok(unreachable && !unreachable.ok);
+    assert.equal(unreachable.outcome, "UNSPECIFIED");
+    assert.ok(unreachable.error instanceof Unavailable, String(unreachable.error));
+    assert.deepEqual(
+      [unreachable.error.code, unreachable.error.reason, unreachable.error.domain, unreachable.error.retryDelayMs],
+      [grpc.status.UNAVAILABLE, "STORE_UNAVAILABLE", "idempotency-service", 1250],
+    );
+    assert.equal(unreachable.error.message, "ClaimBatch: items[1]: UNAVAILABLE: the store is unavailable: connection to worker 2 refused");
+    // The lease token the item was sent with (made by the client), to retry it with.
+    assert.equal(unreachable.leaseToken, request.items[1]!.leaseToken);
+    assert.match(unreachable.leaseToken, /^[0-9a-f]{32}$/);
+
+    // ABORTED: the class claim() would have thrown, the base one, with code 10.
+    assert.ok(contended && !contended.ok);
+    assert.equal(contended.error.constructor, IdempotencyError);
+    assert.deepEqual([contended.error.code, contended.error.reason, contended.error.retryDelayMs], [grpc.status.ABORTED, "CONTENDED", 50]);
+    assert.equal(contended.leaseToken, claims[2]!.leaseToken);
+  });
+
+  test("without itemErrors the request leaves the field unset, and an item error (sent only when asked) rejects the call", async () => {
+    await assert.rejects(client.claimBatch(claims), (error: unknown) => {
+      assert.ok(error instanceof Unavailable, String(error));
+      assert.match(error.message, /^ClaimBatch: items\[1\]: UNAVAILABLE: /);
+      return true;
+    });
+    assert.equal(seen.ClaimBatch.at(-1)!.itemErrors, undefined);
+  });
+
+  test("a CompleteBatch item with code 14 and retry_after is Unavailable with retryDelayMs", async () => {
+    const results = await client.completeBatch(
+      [
+        { namespace: "ns", key: "a", leaseToken: token() },
+        { namespace: "ns", key: "b", leaseToken: token() },
+        { namespace: "ns", key: "c", leaseToken: token() },
+      ],
+      { itemErrors: true },
+    );
+    assert.equal(seen.CompleteBatch.at(-1)!.itemErrors, true);
+    assert.deepEqual(results.map((r) => r.ok), [true, false, false]);
+    const unavailable = expectError(results[1]);
+    assert.equal(unavailable.constructor, Unavailable);
+    assert.deepEqual([unavailable.code, unavailable.reason, unavailable.retryDelayMs], [14, "STORE_UNAVAILABLE", 500]);
+    assert.match(unavailable.message, /^CompleteBatch: items\[1\]: UNAVAILABLE: /);
+    const lost = expectError(results[2]);
+    assert.equal(lost.constructor, LeaseNotCurrent);
+    assert.deepEqual([lost.reason, lost.retryDelayMs], ["LEASE_LOST", undefined]);
+  });
+
+  test("itemErrors must be a boolean", async () => {
+    await assert.rejects(client.claimBatch(claims, { itemErrors: "yes" as never }), /itemErrors must be a boolean/);
   });
 });
