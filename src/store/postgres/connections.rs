@@ -40,6 +40,60 @@ pub(super) struct Connections {
     /// known to be alive (a statement or a ping ran on it).
     pub(super) kept: std::sync::Mutex<Vec<(PoolConnection<Postgres>, Instant, Instant)>>,
     pub(super) suspicion: Arc<Suspicion>,
+    /// A Citus node's connections only (`fail_fast`): while the node could
+    /// not be reached, a statement that needs a new connection checks first
+    /// that the node accepts TCP connections, and fails at once when it does
+    /// not, instead of waiting out the pool's acquire timeout (sqlx retries
+    /// a refused connection until then). So a batch whose keys live on a
+    /// worker that is down fails that worker's group at once, and the other
+    /// workers' keys are not held up by it.
+    pub(super) unreachable: Option<Unreachable>,
+}
+
+/// How long a TCP connection to a node found unreachable may take before
+/// the node counts as still down (the check runs only after a failure).
+const REACH_CHECK: Duration = Duration::from_millis(200);
+
+/// Whether a node was found unreachable at its last attempt, and where it is.
+pub(super) struct Unreachable {
+    address: (String, u16),
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl Unreachable {
+    /// For the node the pool connects to; `None` for a Unix socket.
+    pub(super) fn of(pool: &PgPool) -> Option<Self> {
+        let options = pool.connect_options();
+        let host = options.get_host();
+        if host.starts_with('/') {
+            return None;
+        }
+        Some(Self {
+            address: (host.to_owned(), options.get_port()),
+            down: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Whether to try the pool: yes, unless the node was down at its last
+    /// attempt and refuses (or does not answer) a TCP connection now.
+    async fn worth_trying(&self) -> bool {
+        if !self.down.load(std::sync::atomic::Ordering::Acquire) {
+            return true;
+        }
+        let (host, port) = &self.address;
+        matches!(
+            tokio::time::timeout(
+                REACH_CHECK,
+                tokio::net::TcpStream::connect((host.as_str(), *port))
+            )
+            .await,
+            Ok(Ok(_))
+        )
+    }
+
+    fn found(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// The last moment a connection-level error was seen: a connection last
@@ -84,8 +138,27 @@ impl Connections {
         loop {
             let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner()).pop();
             let Some((mut connection, since, alive)) = kept else {
+                if let Some(unreachable) = &self.unreachable
+                    && !unreachable.worth_trying().await
+                {
+                    return Err(sqlx::Error::PoolTimedOut);
+                }
                 // The pool checks its own (see `before_acquire`).
-                let connection = self.pool.acquire().await?;
+                let connection = match self.pool.acquire().await {
+                    Ok(connection) => connection,
+                    Err(error) => {
+                        if let Some(unreachable) = &self.unreachable {
+                            unreachable.found(matches!(
+                                error,
+                                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)
+                            ));
+                        }
+                        return Err(error);
+                    }
+                };
+                if let Some(unreachable) = &self.unreachable {
+                    unreachable.found(false);
+                }
                 let now = Instant::now();
                 return Ok(Held {
                     connection: Some((connection, now)),
@@ -102,6 +175,15 @@ impl Connections {
                 owner: self,
                 _permit: permit,
             });
+        }
+    }
+
+    /// A statement found its connection dead: every connection older is
+    /// suspect, and a Citus node's next new connection is checked first.
+    pub(super) fn lost(&self) {
+        self.suspicion.raise();
+        if let Some(unreachable) = &self.unreachable {
+            unreachable.found(true);
         }
     }
 
@@ -196,7 +278,7 @@ macro_rules! held {
                 }
                 Err(error) => {
                     if $crate::store::postgres::sqlstate::connection_lost(&error) {
-                        connections.suspicion.raise();
+                        connections.lost();
                     }
                     Err(error)
                 }
@@ -216,7 +298,7 @@ macro_rules! held {
                         break Ok::<_, sqlx::Error>(result);
                     }
                     Err(error) if $crate::store::postgres::sqlstate::connection_lost(&error) => {
-                        connections.suspicion.raise();
+                        connections.lost();
                         if !std::mem::take(&mut again) {
                             break Err(error);
                         }

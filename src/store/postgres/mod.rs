@@ -36,7 +36,7 @@ use time::OffsetDateTime;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use self::connections::{Connections, Route, Suspicion, held};
+use self::connections::{Connections, Route, Suspicion, Unreachable, held};
 use self::rows::{
     LeaseArrays, PgQuery, by_key, distinct_in_key_order, first_claim_from_row, lease_from_row,
     purged_from, snapshot_from_row, stats_from_rows, system_time,
@@ -144,8 +144,11 @@ impl PostgresStore {
         // entry may be an address that reaches any worker (a load balancer).
         match map.group_of(key).and_then(|group| map.node(group)) {
             Some(node) => Route::Node(self.nodes.get(node, |node| {
-                self.setup
-                    .open(nodes::at_node(self.pool(), &node.host, node.port))
+                let mut connections =
+                    self.setup
+                        .open(nodes::at_node(self.pool(), &node.host, node.port));
+                connections.unreachable = Unreachable::of(&connections.pool);
+                connections
             })),
             None => entry,
         }
@@ -466,6 +469,7 @@ impl Setup {
             permits: Semaphore::new(self.pool_size as usize),
             kept: std::sync::Mutex::default(),
             suspicion,
+            unreachable: None,
         }
     }
 }
