@@ -249,9 +249,14 @@ def test_a_failed_claim_batch_item_decodes_to_its_own_typed_error():
         ]
     )
     reply.items[1].error.retry_after.FromTimedelta(timedelta(milliseconds=250))
-    claimed, failed = claim_batch_results(reply)
+    request = pb.ClaimBatchRequest(
+        items=[pb.ClaimRequest(key="a", lease_token="ab" * 16), pb.ClaimRequest(key="b", lease_token="cd" * 16)]
+    )
+    claimed, failed = claim_batch_results(reply, request)
     assert claimed.ok and claimed.outcome is Outcome.CLAIMED and claimed.lease_token == "ab" * 16
-    assert not failed.ok and failed.outcome is Outcome.UNSPECIFIED and failed.lease_token is None
+    # The failed item keeps the token it was sent with, to be retried with.
+    assert not failed.ok and failed.outcome is Outcome.UNSPECIFIED and failed.lease_token == "cd" * 16
+    assert failed.fencing_token is None and failed.response is None
     assert isinstance(failed.error, Unavailable)
     assert failed.error.details.reason == "STORE_UNAVAILABLE"
     assert failed.error.details.retry_delay == timedelta(milliseconds=250)

@@ -209,3 +209,114 @@ class Probes:
         ok = codes.get("OK", 0)
         return {"probes": len(rows), "ok": ok, "ok_share": round(ok / len(rows), 4) if rows else None,
                 "codes": codes}
+
+
+class BatchProbes:
+    """ClaimBatch and CompleteBatch with item_errors, one pair every `every`
+    seconds (no retries, one replica each time, round-robin): each batch
+    names one fresh key of every group (`keys[group]`, each used once), and
+    its claimed items are then completed in one CompleteBatch. Recorded per
+    batch: (start, end, the call's own code, and per group the Claim item's
+    and the Complete item's code: OK, or the item's status name)."""
+
+    def __init__(self, env: Env, keys: Dict[str, List[str]], namespace: str, every: float = 0.2,
+                 timeout: float = 3.0):
+        self.env = env
+        self.keys = {group: iter(list(ks)) for group, ks in keys.items()}
+        self.namespace = namespace
+        self.every = every
+        self.timeout = timeout
+        self.rows: List[dict] = []
+        self._stop = asyncio.Event()
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> "BatchProbes":
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    @staticmethod
+    def _name(error) -> str:
+        code = getattr(error, "code", None)
+        return code.name if code is not None else type(error).__name__
+
+    async def _run(self) -> None:
+        from idempotency_client import AsyncIdempotencyClient, ClaimItem, CompleteItem, IdempotencyError
+
+        env = self.env
+        clients = [AsyncIdempotencyClient(r.target, timeout=self.timeout, retry=None) for r in env.replicas]
+        turn = itertools.count()
+
+        async def one(picked: Dict[str, str]) -> None:
+            client = clients[next(turn) % len(clients)]
+            groups = list(picked)
+            row = {"start": env.now(), "keys": picked, "claim": {}, "complete": {}}
+            try:
+                claimed = await client.claim_batch(
+                    [ClaimItem(self.namespace, picked[g], lease_ttl=5.0) for g in groups], item_errors=True)
+                row["call"] = "OK"
+                done = []
+                for group, result in zip(groups, claimed):
+                    row["claim"][group] = "OK" if result.ok else self._name(result.error)
+                    if result.claimed:
+                        done.append((group, CompleteItem(self.namespace, picked[group], result.lease_token, b"p")))
+                if done:
+                    try:
+                        results = await client.complete_batch([item for _, item in done], item_errors=True)
+                        for (group, _), result in zip(done, results):
+                            row["complete"][group] = "OK" if result.ok else self._name(result.error)
+                    except IdempotencyError as error:
+                        for group, _ in done:
+                            row["complete"][group] = "call " + self._name(error)
+            except IdempotencyError as error:
+                row["call"] = self._name(error)
+                row["error"] = str(error)[:300]
+            except Exception as error:  # the probe itself must not stop the run
+                row["call"] = type(error).__name__
+                row["error"] = str(error)[:300]
+            row["end"] = env.now()
+            self.rows.append(row)
+
+        pending = set()
+        try:
+            while not self._stop.is_set():
+                picked = {group: next(keys, None) for group, keys in self.keys.items()}
+                if all(picked.values()):
+                    task = asyncio.create_task(one(picked))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                try:
+                    await asyncio.wait_for(self._stop.wait(), self.every)
+                except asyncio.TimeoutError:
+                    pass
+            if pending:
+                await asyncio.wait(pending, timeout=2 * self.timeout + 2)
+        finally:
+            for task in list(pending):
+                task.cancel()
+            for client in clients:
+                try:
+                    await client.close()
+                except Exception:
+                    pass
+
+    def window(self, start: float, end: float) -> List[dict]:
+        """The batches that started and ended within [start, end]."""
+        return [r for r in self.rows if start <= r["start"] and r["end"] <= end]
+
+    @staticmethod
+    def tally(rows: List[dict]) -> Dict[str, object]:
+        """How many batches; the calls' own codes; per group, the Claim and
+        Complete items' codes."""
+        out: Dict[str, object] = {"batches": len(rows), "calls": {}, "claim": {}, "complete": {}}
+        for r in rows:
+            out["calls"][r["call"]] = out["calls"].get(r["call"], 0) + 1
+            for part in ("claim", "complete"):
+                for group, code in r[part].items():
+                    codes = out[part].setdefault(group, {})
+                    codes[code] = codes.get(code, 0) + 1
+        return out

@@ -15,7 +15,12 @@ Measured, besides the workload's history:
   restart: the first probe of the crashed worker's keys answered OK (the
   recovery time);
 - the workload's calls and attempts started during the outage, split by
-  their key's worker: the share answered OK, and their codes.
+  their key's worker: the share answered OK, and their codes;
+- batch probes: every 200 ms a ClaimBatch with item_errors naming a fresh
+  key of each worker, then a CompleteBatch with item_errors of what it
+  claimed. During the outage every batch must be answered (no call fails),
+  the live worker's items OK, the crashed worker's items UNAVAILABLE on
+  their own; after the restart every item OK.
 
 Runs only where Citus is installed (scenarios/_citus.py)."""
 
@@ -24,7 +29,7 @@ import collections
 import random
 
 from faults.scenario import Env
-from faults.scenarios._citus import CitusScenario, Probes, odd_codes
+from faults.scenarios._citus import BatchProbes, CitusScenario, Probes, odd_codes
 
 
 class CitusWorkerCrash(CitusScenario):
@@ -59,6 +64,11 @@ class CitusWorkerCrash(CitusScenario):
         keys = {"live": [k for k in candidates if probe_ports[k] == live.port],
                 "crashed": [k for k in candidates if probe_ports[k] == crashed.port]}
         probes = Probes(env, keys, "faults-citus-probe", every=0.1, timeout=3.0).start()
+        batch_candidates = [f"batch-{i}" for i in range(4000)]
+        batch_ports = await asyncio.to_thread(cluster.ports_of, batch_candidates)
+        batch_keys = {"live": [k for k in batch_candidates if batch_ports[k] == live.port],
+                      "crashed": [k for k in batch_candidates if batch_ports[k] == crashed.port]}
+        batches = BatchProbes(env, batch_keys, "faults-citus-batch", every=0.2, timeout=3.0).start()
         try:
             await env.sleep_load(1.5)
             outage = self.ci_outage if env.ci else self.outage
@@ -80,6 +90,7 @@ class CitusWorkerCrash(CitusScenario):
             await asyncio.sleep(1.0)
         finally:
             await probes.stop()
+            await batches.stop()
         self.ports = {k: names.get(p, str(p))
                       for k, p in (await asyncio.to_thread(cluster.ports_of, env.history.keys)).items()}
         env.note("crashed", {"node": crashed.name, "port": crashed.port, "shards": shards.get(crashed.port)})
@@ -90,6 +101,9 @@ class CitusWorkerCrash(CitusScenario):
         env.note("crashed_first_error_after_crash_s", None if first is None else round(first - fault, 3))
         env.note("probes_after_restart", {g: Probes.tally(probes.window(g, healed, env.now())) for g in keys})
         env.note("recovered_after_restart_s", None if recovered is None else round(recovered - healed, 3))
+        env.note("batches_during_outage", BatchProbes.tally(batches.window(fault, restart)))
+        env.note("batches_after_restart", BatchProbes.tally(batches.window(healed, env.now())))
+        env.note("batch_errors", sorted({r.get("error", "")[:200] for r in batches.rows if r["call"] != "OK"})[:5])
         env.note("probe_errors", sorted({r.get("error", "")[:200] for r in probes.rows if r["code"] != "OK"})[:5])
         self._window = (fault, restart)
         self._healed = healed
@@ -128,6 +142,7 @@ class CitusWorkerCrash(CitusScenario):
             failures.append(f"keys on the crashed worker answered {odd} during the outage, UNAVAILABLE expected")
         if not crashed["codes"].get("UNAVAILABLE"):
             failures.append(f"no probe of the crashed worker's keys answered UNAVAILABLE: {crashed['codes']}")
+        failures += self._batch_failures(report)
         if report.notes.get("recovered_after_restart_s") is None:
             failures.append("the crashed worker's keys never answered OK within 30 s of its restart")
         # Once the worker accepts connections again (pg_ctl start -w
@@ -140,6 +155,32 @@ class CitusWorkerCrash(CitusScenario):
         after = {c: n for c, n in report.notes["probes_after_restart"]["crashed"]["codes"].items() if c != "OK"}
         if after:
             failures.append(f"probes of the crashed worker's keys failed after its restart: {after}")
+        return failures
+
+    @staticmethod
+    def _batch_failures(report) -> list:
+        """With item_errors, a worker down fails only its own items."""
+        failures = []
+        during, after = report.notes["batches_during_outage"], report.notes["batches_after_restart"]
+        if not during["batches"]:
+            failures.append("no batch probe ran during the outage")
+        if set(during["calls"]) - {"OK"}:
+            failures.append(f"batches with item_errors failed as a whole during the outage: {during['calls']} "
+                            f"({report.notes['batch_errors']})")
+        live = during["claim"].get("live", {})
+        if set(live) - {"OK"}:
+            failures.append(f"the live worker's ClaimBatch items during the outage: {live}, all OK expected")
+        crashed = during["claim"].get("crashed", {})
+        if not crashed.get("UNAVAILABLE") or set(crashed) - {"UNAVAILABLE", "OK"}:
+            failures.append(f"the crashed worker's ClaimBatch items during the outage: {crashed}, "
+                            "UNAVAILABLE expected")
+        completes = during["complete"].get("live", {})
+        if set(completes) - {"OK"}:
+            failures.append(f"the live worker's CompleteBatch items during the outage: {completes}, all OK expected")
+        odd = {part: codes for part in ("claim", "complete") for codes in [after[part]]
+               if any(set(c) - {"OK"} for c in codes.values())}
+        if set(after["calls"]) - {"OK"} or odd:
+            failures.append(f"batch probes failed after the restart: calls {after['calls']}, items {odd}")
         return failures
 
 

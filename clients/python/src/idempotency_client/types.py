@@ -122,8 +122,9 @@ class ClaimResult:
     completed_at: Optional[datetime] = None
     #: Only in claim_batch(item_errors=True): why this item's Claim failed while
     #: the others were answered (Unavailable: the node holding its key is
-    #: down; retrying the item is safe, with the same lease token). Its
-    #: outcome is then UNSPECIFIED and no other field is set.
+    #: down). Its outcome is then UNSPECIFIED and only lease_token is set
+    #: besides: the token the item was sent with, to retry it safely
+    #: (ClaimItem(..., lease_token=result.lease_token)).
     error: Optional[IdempotencyError] = None
 
     @property
@@ -272,19 +273,24 @@ def _time(message, field: str) -> Optional[datetime]:
     return getattr(message, field).ToDatetime(tzinfo=timezone.utc)
 
 
-def claim_batch_results(message: pb.ClaimBatchResponse) -> List[ClaimResult]:
+def claim_batch_results(
+    message: pb.ClaimBatchResponse, request: Optional[pb.ClaimBatchRequest] = None
+) -> List[ClaimResult]:
     """A ClaimBatch's answers: each item's ClaimResult, or for an item that
-    failed (item_errors) a ClaimResult with only its error."""
+    failed (item_errors) a ClaimResult with its error and the lease token the
+    item was sent with (from `request`), to retry it with."""
     return [
-        claim_result(item) if not item.HasField("error") else _failed_claim(item.error, index)
+        claim_result(item)
+        if not item.HasField("error")
+        else _failed_claim(item.error, index, request.items[index].lease_token if request else None)
         for index, item in enumerate(message.items)
     ]
 
 
-def _failed_claim(error: pb.ItemError, index: int) -> ClaimResult:
+def _failed_claim(error: pb.ItemError, index: int, lease_token: Optional[str]) -> ClaimResult:
     return ClaimResult(
         outcome=Outcome.UNSPECIFIED,
-        lease_token=None,
+        lease_token=lease_token or None,
         fencing_token=None,
         lease_expires_at=None,
         response=None,

@@ -303,12 +303,14 @@ class IdempotencyClient:
         (on Citus, the worker holding it is down) comes back with only its
         `error` set (Unavailable; `ok` is False), and the others are answered;
         the call raises only when every item failed, or for the call's own
-        reasons. Retry a failed item with the same ClaimItem: its lease token
-        makes that safe. Without it, such a failure fails the whole call.
+        reasons. A failed item's lease_token is the one it was sent with:
+        retry it with ClaimItem(..., lease_token=result.lease_token), which is
+        safe whether or not its Claim took effect. Without item_errors, such
+        a failure fails the whole call.
         """
         request = claim_batch_request(items, item_errors)
         reply = self._call("ClaimBatch", request, timeout)
-        return types.claim_batch_results(reply)
+        return types.claim_batch_results(reply, request)
 
     def complete_batch(
         self,
