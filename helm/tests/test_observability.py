@@ -122,6 +122,7 @@ METRICS: dict[str, Metric] = {
         "counter", {"method": frozenset({"Complete", "Release", "ExtendLease"}), **NAMESPACE}
     ),
     "idempotency_purges_total": Metric("counter"),
+    "idempotency_batch_splits_total": Metric("counter", {"operation": frozenset({"claim", "complete"})}),
     "idempotency_tls_handshake_failures_total": Metric("counter"),
     "idempotency_db_pool_connections": Metric("gauge"),
     "idempotency_db_pool_idle": Metric("gauge"),
