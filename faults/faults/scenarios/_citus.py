@@ -120,24 +120,26 @@ def odd_codes(report) -> List[str]:
     return failures
 
 
-class Probes:
-    """Claims of fresh keys, one every `every` seconds per group of keys (no
-    retries, one replica each time, round-robin), recorded: (start, end,
-    group, code, error text). `keys[group]` lists keys that group may use
-    (each used once)."""
+class _Prober:
+    """What both kinds of probes share: the keys each group may still use
+    (`keys[group]`, each used once), the rows recorded, and the task that
+    sends a probe every `every` seconds until `stop`."""
 
-    def __init__(self, env: Env, keys: Dict[str, List[str]], namespace: str, every: float = 0.1,
+    #: seconds between probes, unless given
+    every = 0.1
+
+    def __init__(self, env: Env, keys: Dict[str, List[str]], namespace: str, every: Optional[float] = None,
                  timeout: float = 3.0):
         self.env = env
         self.keys = {group: iter(list(ks)) for group, ks in keys.items()}
         self.namespace = namespace
-        self.every = every
+        self.every = self.every if every is None else every
         self.timeout = timeout
         self.rows: List[dict] = []
         self._stop = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
 
-    def start(self) -> "Probes":
+    def start(self):
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -145,6 +147,17 @@ class Probes:
         self._stop.set()
         if self._task is not None:
             await self._task
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Probes(_Prober):
+    """Claims of fresh keys, one every `every` seconds per group of keys (no
+    retries, one replica each time, round-robin), recorded: (start, end,
+    group, code, error text). `keys[group]` lists keys that group may use
+    (each used once)."""
+
 
     async def _run(self) -> None:
         from idempotency_client import AsyncIdempotencyClient, IdempotencyError
@@ -211,7 +224,7 @@ class Probes:
                 "codes": codes}
 
 
-class BatchProbes:
+class BatchProbes(_Prober):
     """ClaimBatch and CompleteBatch with item_errors, one pair every `every`
     seconds (no retries, one replica each time, round-robin): each batch
     names one fresh key of every group (`keys[group]`, each used once), and
@@ -219,25 +232,7 @@ class BatchProbes:
     batch: (start, end, the call's own code, and per group the Claim item's
     and the Complete item's code: OK, or the item's status name)."""
 
-    def __init__(self, env: Env, keys: Dict[str, List[str]], namespace: str, every: float = 0.2,
-                 timeout: float = 3.0):
-        self.env = env
-        self.keys = {group: iter(list(ks)) for group, ks in keys.items()}
-        self.namespace = namespace
-        self.every = every
-        self.timeout = timeout
-        self.rows: List[dict] = []
-        self._stop = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
-
-    def start(self) -> "BatchProbes":
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            await self._task
+    every = 0.2
 
     @staticmethod
     def _name(error) -> str:
